@@ -1,0 +1,157 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// config is everything the service reads from its environment, parsed once here.
+// The README's configuration table lists the same variables and defaults.
+type config struct {
+	HTTPAddr        string
+	DataDir         string
+	JWTSecret       string
+	Roles           []string
+	LogLevel        slog.Level
+	LogFormat       string
+	ShutdownTimeout time.Duration
+	ConsistencyWait time.Duration
+
+	NATSURL     string
+	RedisURL    string
+	DatabaseURL string
+
+	// Embedded NATS (when NATSURL is empty).
+	NATSPort     int
+	NATSSync     string // "always" or a Go duration
+	StreamName   string
+	Replicas     int
+	DedupWindow  time.Duration
+	DevRedisPort int
+	DevPGPort    int
+}
+
+// roleAPI serves HTTP. Projector roles join this list as they are built.
+const roleAPI = "api"
+
+var knownRoles = []string{roleAPI}
+
+// variable is one documented environment variable.
+type variable struct {
+	name, def, help string
+}
+
+// variables is the configuration table, in README order.
+var variables = []variable{
+	{"FEED_HTTP_ADDR", ":8080", "HTTP listen address."},
+	{"FEED_DATA_DIR", ".data", "Data directory: embedded NATS store, media, and in dev mode Redis and Postgres data."},
+	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens (dev mode uses a fixed development secret when unset)."},
+	{"FEED_ROLES", "api", "Comma-separated roles this process runs."},
+	{"FEED_LOG_LEVEL", "info", "debug, info, warn or error."},
+	{"FEED_LOG_FORMAT", "text", "text or json."},
+	{"FEED_SHUTDOWN_TIMEOUT", "20s", "How long shutdown waits for in-flight work."},
+	{"FEED_CONSISTENCY_WAIT", "2s", "Longest wait of a read for X-Min-Position."},
+	{"FEED_NATS_PORT", "4222", "Loopback client port of the embedded NATS server (so the nats CLI connects with no flags); 0 picks a free one."},
+	{"FEED_NATS_SYNC", "always", "Embedded JetStream fsync policy: always (acknowledged = on disk) or an interval such as 2m."},
+	{"FEED_STREAM", "FEED_EVENTS", "Name of the event stream."},
+	{"FEED_STREAM_REPLICAS", "1", "Stream replicas (3 on a JetStream cluster)."},
+	{"FEED_DEDUP_WINDOW", "10m", "How long an Idempotency-Key / event id is remembered."},
+	{"FEED_DEV_REDIS_PORT", "16379", "dev: loopback port of the child Redis."},
+	{"FEED_DEV_POSTGRES_PORT", "15432", "dev: loopback port of the child Postgres."},
+	{"NATS_URL", "", "External NATS server or cluster; unset runs NATS embedded."},
+	{"REDIS_URL", "", "External Redis; unset in dev mode starts a child redis-server."},
+	{"DATABASE_URL", "", "External Postgres; unset in dev mode starts a child postgres."},
+}
+
+func parseConfig(getenv func(string) string) (config, error) {
+	get := func(name string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		for _, v := range variables {
+			if v.name == name {
+				return v.def
+			}
+		}
+		panic("undocumented variable " + name) // a programming error, caught by tests
+	}
+	var errs []string
+	duration := func(name string) time.Duration {
+		d, err := time.ParseDuration(get(name))
+		if err != nil || d < 0 {
+			errs = append(errs, fmt.Sprintf("%s=%q is not a duration such as 2s", name, get(name)))
+		}
+		return d
+	}
+	integer := func(name string, lo, hi int) int {
+		n, err := strconv.Atoi(get(name))
+		if err != nil || n < lo || n > hi {
+			errs = append(errs, fmt.Sprintf("%s=%q is not an integer in [%d, %d]", name, get(name), lo, hi))
+		}
+		return n
+	}
+	cfg := config{
+		HTTPAddr:        get("FEED_HTTP_ADDR"),
+		DataDir:         get("FEED_DATA_DIR"),
+		JWTSecret:       get("FEED_JWT_SECRET"),
+		LogFormat:       get("FEED_LOG_FORMAT"),
+		ShutdownTimeout: duration("FEED_SHUTDOWN_TIMEOUT"),
+		ConsistencyWait: duration("FEED_CONSISTENCY_WAIT"),
+		NATSURL:         get("NATS_URL"),
+		RedisURL:        get("REDIS_URL"),
+		DatabaseURL:     get("DATABASE_URL"),
+		NATSPort:        integer("FEED_NATS_PORT", 0, 65535),
+		NATSSync:        get("FEED_NATS_SYNC"),
+		StreamName:      get("FEED_STREAM"),
+		Replicas:        integer("FEED_STREAM_REPLICAS", 1, 5),
+		DedupWindow:     duration("FEED_DEDUP_WINDOW"),
+		DevRedisPort:    integer("FEED_DEV_REDIS_PORT", 0, 65535),
+		DevPGPort:       integer("FEED_DEV_POSTGRES_PORT", 0, 65535),
+	}
+	if err := cfg.LogLevel.UnmarshalText([]byte(get("FEED_LOG_LEVEL"))); err != nil {
+		errs = append(errs, fmt.Sprintf("FEED_LOG_LEVEL=%q is not debug, info, warn or error", get("FEED_LOG_LEVEL")))
+	}
+	if cfg.LogFormat != "text" && cfg.LogFormat != "json" {
+		errs = append(errs, fmt.Sprintf("FEED_LOG_FORMAT=%q is not text or json", cfg.LogFormat))
+	}
+	if cfg.NATSSync != "always" {
+		if d, err := time.ParseDuration(cfg.NATSSync); err != nil || d <= 0 {
+			errs = append(errs, fmt.Sprintf("FEED_NATS_SYNC=%q is not always or a positive duration", cfg.NATSSync))
+		}
+	}
+	for _, r := range strings.Split(get("FEED_ROLES"), ",") {
+		r = strings.TrimSpace(r)
+		if r == "" {
+			continue
+		}
+		if !slices.Contains(knownRoles, r) {
+			errs = append(errs, fmt.Sprintf("FEED_ROLES: unknown role %q (known: %s)", r, strings.Join(knownRoles, ", ")))
+			continue
+		}
+		if !slices.Contains(cfg.Roles, r) {
+			cfg.Roles = append(cfg.Roles, r)
+		}
+	}
+	if len(cfg.Roles) == 0 {
+		errs = append(errs, "FEED_ROLES names no role")
+	}
+	if len(errs) > 0 {
+		return config{}, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
+	}
+	return cfg, nil
+}
+
+func (c config) has(role string) bool { return slices.Contains(c.Roles, role) }
+
+func newLogger(cfg config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

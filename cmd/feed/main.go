@@ -1,0 +1,85 @@
+// Command feed is the news-feed service: one binary whose subcommands serve the
+// API and projectors, run the whole stack locally for development, and operate it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "feed:", err)
+		}
+		os.Exit(exitCode(err))
+	}
+}
+
+func exitCode(err error) int {
+	if errors.Is(err, errUsage) || errors.Is(err, flag.ErrHelp) {
+		return 2
+	}
+	return 1
+}
+
+var errUsage = errors.New("usage")
+
+const usage = `feed — an event-sourced news feed on NATS JetStream, Redis and Postgres.
+
+Usage:
+  feed serve   run the API (and, as they are configured, projectors) against
+               NATS_URL (embedded when unset), REDIS_URL and DATABASE_URL
+  feed dev     like serve, but start Redis and Postgres as child processes
+               under FEED_DATA_DIR when their URLs are unset
+  feed help    this text
+
+Configuration is read from the environment; see the README.
+`
+
+// run is the whole program behind main, callable from tests.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("%w: no subcommand", errUsage)
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve", "dev":
+		fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		roles := fs.String("roles", "", "comma-separated roles to run (overrides FEED_ROLES)")
+		if err := fs.Parse(rest); err != nil {
+			return err
+		}
+		env := getenv
+		if *roles != "" {
+			env = func(k string) string {
+				if k == "FEED_ROLES" {
+					return *roles
+				}
+				return getenv(k)
+			}
+		}
+		cfg, err := parseConfig(env)
+		if err != nil {
+			return err
+		}
+		return serve(ctx, cfg, cmd == "dev", newLogger(cfg, stderr), stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("%w: unknown subcommand %q", errUsage, cmd)
+	}
+}

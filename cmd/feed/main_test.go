@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// devEnv is a dev-mode environment on free loopback ports in dir.
+func devEnv(dir string, ports devPorts) func(string) string {
+	env := map[string]string{
+		"FEED_DATA_DIR":          dir,
+		"FEED_HTTP_ADDR":         "127.0.0.1:0",
+		"FEED_NATS_PORT":         strconv.Itoa(ports.nats),
+		"FEED_DEV_REDIS_PORT":    strconv.Itoa(ports.redis),
+		"FEED_DEV_POSTGRES_PORT": strconv.Itoa(ports.postgres),
+		"FEED_LOG_LEVEL":         "warn",
+	}
+	return func(k string) string { return env[k] }
+}
+
+type devPorts struct{ nats, redis, postgres int }
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startDev runs `feed dev` in the background and returns its base URL and a stop
+// function that interrupts it and returns run's error.
+func startDev(t *testing.T, dir string, ports devPorts) (string, func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out, w := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"dev"}, devEnv(dir, ports), w, io.Discard)
+		_ = w.Close()
+	}()
+	urls := make(chan string, 1)
+	go func() {
+		re := regexp.MustCompile(`http://[0-9.:]+`)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if u := re.FindString(sc.Text()); u != "" {
+				urls <- u
+			}
+		}
+	}()
+	var base string
+	select {
+	case base = <-urls:
+	case err := <-done:
+		cancel()
+		t.Fatalf("feed dev exited before serving: %v", err)
+	case <-time.After(60 * time.Second):
+		cancel()
+		t.Fatal("feed dev did not start within 60s")
+	}
+	var once bool
+	stop := func() error {
+		if once {
+			return nil
+		}
+		once = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return errors.New("feed dev did not stop within 30s of the interrupt")
+		}
+	}
+	t.Cleanup(func() { _ = stop() })
+	return base, stop
+}
+
+func get(t *testing.T, url string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var body map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	return resp.StatusCode, body
+}
+
+func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
+	dir, err := os.MkdirTemp("", "feed-dev-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755)) // the postgres user must reach its data dir
+
+	ports := devPorts{nats: freePort(t), redis: freePort(t), postgres: freePort(t)}
+	base, stop := startDev(t, dir, ports)
+	status, body := get(t, base+"/readyz")
+	require.Equal(t, http.StatusOK, status, "readyz: %v", body)
+	assert.Equal(t, map[string]any{"log": "ok", "redis": "ok", "postgres": "ok"}, body["checks"])
+	status, _ = get(t, base+"/healthz")
+	assert.Equal(t, http.StatusOK, status)
+
+	resp, err := http.Get(base + "/metrics")
+	require.NoError(t, err)
+	metrics, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Contains(t, string(metrics), `feed_http_requests_total{method="GET",route="/readyz",status="200"} 1`)
+	assert.Contains(t, string(metrics), "go_goroutines")
+
+	status, body = get(t, base+"/no/such/route")
+	assert.Equal(t, http.StatusNotFound, status)
+	assert.Equal(t, "not_found", body["error"].(map[string]any)["code"])
+
+	require.NoError(t, stop(), "Ctrl-C must exit cleanly")
+
+	// Leave a mark in each store through a second run, then check a third sees
+	// them all: a restart keeps the stream, Redis and Postgres data.
+	ctx := context.Background()
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", ports.nats)
+	pgURL := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/feed?sslmode=disable", ports.postgres)
+	_, stop = startDev(t, dir, ports)
+	nc, err := nats.Connect(natsURL) // the port the nats CLI uses
+	require.NoError(t, err)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "ev.1.follow.2", []byte(`{"id":"mark","type":"user.followed.v1","actor":"1","payload":{"follower_id":"1","followee_id":"2"}}`))
+	require.NoError(t, err)
+	nc.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports.redis)})
+	require.NoError(t, rdb.Set(ctx, "mark", "kept", 0).Err())
+	require.NoError(t, rdb.Close())
+	conn, err := pgx.Connect(ctx, pgURL)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE mark (v text); INSERT INTO mark VALUES ('kept')")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+	require.NoError(t, stop())
+
+	base, stop = startDev(t, dir, ports)
+	status, _ = get(t, base+"/readyz")
+	require.Equal(t, http.StatusOK, status)
+	nc, err = nats.Connect(natsURL)
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err = jetstream.New(nc)
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "FEED_EVENTS")
+	require.NoError(t, err)
+	info, err := stream.Info(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, info.State.Msgs, "the stream keeps its events")
+	rdb = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports.redis)})
+	defer rdb.Close()
+	v, err := rdb.Get(ctx, "mark").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "kept", v, "redis keeps its data")
+	conn, err = pgx.Connect(ctx, pgURL)
+	require.NoError(t, err)
+	require.NoError(t, conn.QueryRow(ctx, "SELECT v FROM mark").Scan(&v))
+	assert.Equal(t, "kept", v, "postgres keeps its data")
+	require.NoError(t, conn.Close(ctx))
+	require.NoError(t, stop())
+
+	// Nothing is left behind: the child servers and the embedded NATS are gone.
+	for name, port := range map[string]int{"nats": ports.nats, "redis": ports.redis, "postgres": ports.postgres} {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err == nil {
+			c.Close()
+			t.Errorf("%s still listens on %d after the service stopped", name, port)
+		}
+	}
+}
+
+func TestServeNeedsRedisAndPostgres(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{"FEED_DATA_DIR": dir, "FEED_NATS_PORT": "0", "FEED_HTTP_ADDR": "127.0.0.1:0"}
+	err := run(context.Background(), []string{"serve"}, func(k string) string { return env[k] }, io.Discard, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "REDIS_URL and DATABASE_URL")
+}
+
+func TestBadConfigurationIsReportedWhole(t *testing.T) {
+	env := map[string]string{"FEED_LOG_LEVEL": "loud", "FEED_ROLES": "api,chef", "FEED_DEDUP_WINDOW": "soon"}
+	_, err := parseConfig(func(k string) string { return env[k] })
+	require.Error(t, err)
+	for _, want := range []string{"FEED_LOG_LEVEL", `unknown role "chef"`, "FEED_DEDUP_WINDOW"} {
+		assert.Contains(t, err.Error(), want)
+	}
+}
+
+func TestUnknownSubcommand(t *testing.T) {
+	var stderr strings.Builder
+	err := run(context.Background(), []string{"fly"}, func(string) string { return "" }, io.Discard, &stderr)
+	assert.ErrorIs(t, err, errUsage)
+	assert.Contains(t, stderr.String(), "Usage:")
+}
+

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/events"
+	feedhttp "github.com/feedproject/feed/http"
+	"github.com/feedproject/feed/migrations"
+)
+
+// infra is the connected dependencies of one process and how to let go of them.
+type infra struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	log     *events.Log
+	redis   *redis.Client
+	pg      *pgxpool.Pool
+	closers []func() // run in reverse order by close
+}
+
+func (in *infra) close() {
+	for i := len(in.closers) - 1; i >= 0; i-- {
+		in.closers[i]()
+	}
+	in.closers = nil
+}
+
+// startInfra brings up (dev: starts) and connects to NATS, Redis and Postgres,
+// applies migrations and opens the event log. On error everything already started
+// is stopped again.
+func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, reg prometheus.Registerer) (_ *infra, err error) {
+	in := &infra{}
+	defer func() {
+		if err != nil {
+			in.close()
+		}
+	}()
+
+	natsOpts := []nats.Option{
+		nats.Name("feed"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				logger.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { logger.Info("nats reconnected", "url", c.ConnectedUrlRedacted()) }),
+	}
+	natsURL := cfg.NATSURL
+	if natsURL == "" {
+		ns, err := localstack.StartNATS(localstack.NATSConfig{
+			Dir:          filepath.Join(cfg.DataDir, "nats"),
+			Port:         cfg.NATSPort,
+			SyncAlways:   cfg.NATSSync == "always",
+			SyncInterval: syncInterval(cfg.NATSSync),
+		}, logger.With("component", "nats"))
+		if err != nil {
+			return nil, err
+		}
+		in.closers = append(in.closers, ns.Shutdown)
+		natsURL = ns.ClientURL()
+		natsOpts = append(natsOpts, nats.InProcessServer(ns.Server()))
+		logger.Info("embedded nats running", "url", natsURL, "store", filepath.Join(cfg.DataDir, "nats"), "sync", cfg.NATSSync)
+	}
+
+	redisURL, databaseURL := cfg.RedisURL, cfg.DatabaseURL
+	if dev && redisURL == "" {
+		r, err := localstack.StartRedis(ctx, localstack.RedisConfig{
+			Dir:     filepath.Join(cfg.DataDir, "redis"),
+			Port:    cfg.DevRedisPort,
+			Persist: true,
+		}, logger.With("component", "redis"))
+		if err != nil {
+			return nil, err
+		}
+		in.closers = append(in.closers, func() { logStop(logger, "redis", r.Stop()) })
+		redisURL = r.URL()
+		logger.Info("child redis running", "url", redisURL)
+	}
+	if dev && databaseURL == "" {
+		p, err := localstack.StartPostgres(ctx, localstack.PostgresConfig{
+			Dir:     filepath.Join(cfg.DataDir, "postgres"),
+			Port:    cfg.DevPGPort,
+			Durable: true,
+		}, logger.With("component", "postgres"))
+		if err != nil {
+			return nil, err
+		}
+		in.closers = append(in.closers, func() { logStop(logger, "postgres", p.Stop()) })
+		databaseURL = p.URL()
+		logger.Info("child postgres running", "url", databaseURL)
+	}
+	if redisURL == "" || databaseURL == "" {
+		return nil, errors.New("REDIS_URL and DATABASE_URL must be set for serve (or use `feed dev`, which starts local ones)")
+	}
+
+	if in.nc, err = nats.Connect(natsURL, natsOpts...); err != nil {
+		return nil, fmt.Errorf("connect nats %s: %w", natsURL, err)
+	}
+	in.closers = append(in.closers, func() { _ = in.nc.Drain() })
+	if in.js, err = jetstream.New(in.nc); err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+
+	ropts, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse REDIS_URL: %w", err)
+	}
+	in.redis = redis.NewClient(ropts)
+	in.closers = append(in.closers, func() { _ = in.redis.Close() })
+	if err := in.redis.Ping(ctx).Err(); err != nil {
+		return nil, fmt.Errorf("ping redis: %w", err)
+	}
+
+	if err := migrations.Up(ctx, databaseURL); err != nil {
+		return nil, err
+	}
+	if in.pg, err = pgxpool.New(ctx, databaseURL); err != nil {
+		return nil, fmt.Errorf("connect postgres: %w", err)
+	}
+	in.closers = append(in.closers, in.pg.Close)
+	if err := in.pg.Ping(ctx); err != nil {
+		return nil, fmt.Errorf("ping postgres: %w", err)
+	}
+
+	in.log, err = events.OpenLog(ctx, in.js, events.StreamConfig{
+		Name:        cfg.StreamName,
+		Replicas:    cfg.Replicas,
+		DedupWindow: cfg.DedupWindow,
+	}, events.NewMetrics(reg))
+	if err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+func syncInterval(s string) time.Duration {
+	d, _ := time.ParseDuration(s) // validated by parseConfig; "always" gives 0
+	return d
+}
+
+func logStop(logger *slog.Logger, what string, err error) {
+	if err != nil {
+		logger.Warn("stop "+what, "err", err)
+	}
+}
+
+// serve runs the configured roles until ctx ends, then shuts down in order: stop
+// taking requests, finish in-flight work, disconnect, stop child processes.
+func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdout io.Writer) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	in, err := startInfra(ctx, cfg, dev, logger, reg)
+	if err != nil {
+		return err
+	}
+	defer in.close()
+
+	checks := []feedhttp.Check{
+		{Name: "log", Probe: func(ctx context.Context) error { _, err := in.log.Head(ctx); return err }},
+		{Name: "redis", Probe: func(ctx context.Context) error { return in.redis.Ping(ctx).Err() }},
+		{Name: "postgres", Probe: in.pg.Ping},
+	}
+	srv := feedhttp.NewServer(logger, reg, reg, checks, feedhttp.Config{})
+
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
+	}
+	logger.Info("feed serving", "http", ln.Addr().String(), "roles", cfg.Roles)
+	if dev {
+		fmt.Fprintf(stdout, "feed is up: http://%s (readyz: /readyz); Ctrl-C stops everything\n", displayAddr(ln.Addr()))
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.Serve(ln) })
+	g.Go(func() error {
+		<-gctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+		defer cancel()
+		logger.Info("shutting down")
+		return srv.Shutdown(shutdownCtx)
+	})
+	err = g.Wait()
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+func displayAddr(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if ok && tcp.IP.IsUnspecified() {
+		return fmt.Sprintf("127.0.0.1:%d", tcp.Port)
+	}
+	return a.String()
+}

@@ -1,0 +1,150 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func encodeEnvelope(env Envelope) ([]byte, error) {
+	data, err := json.Marshal(env)
+	if err != nil {
+		return nil, fmt.Errorf("encode envelope %s: %w", env.ID, err)
+	}
+	return data, nil
+}
+
+// ReadOptions selects what Read delivers. The zero value reads every event from
+// sequence 1 and waits for new ones until the context ends.
+type ReadOptions struct {
+	// FromSeq starts at this sequence (inclusive). Zero with Since unset starts
+	// at the first event.
+	FromSeq uint64
+	// Since starts at the first event stored at or after this time.
+	Since time.Time
+	// New starts with the next event appended after the call.
+	New bool
+	// Filters restricts delivery to subjects matching any of these (wildcards
+	// allowed); empty means every subject.
+	Filters []string
+	// StopAtEnd returns nil once every event stored when Read started has been
+	// delivered, instead of waiting for more.
+	StopAtEnd bool
+	// IncludeUnknown delivers records of unknown types (Event nil) instead of
+	// skipping them; they are counted either way.
+	IncludeUnknown bool
+}
+
+// Read delivers events in log order to fn until ctx ends (returning nil), fn
+// returns an error (returned), or, with StopAtEnd, the end is reached. It holds no
+// durable state on the server: an ordered, ephemeral consumer.
+func (l *Log) Read(ctx context.Context, opts ReadOptions, fn func(Record) error) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: opts.Filters}
+	switch {
+	case opts.New:
+		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	case !opts.Since.IsZero():
+		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
+		since := opts.Since
+		cfg.OptStartTime = &since
+	case opts.FromSeq > 1:
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = opts.FromSeq
+	default:
+		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	}
+	if opts.StopAtEnd {
+		remaining, err := l.pending(ctx, opts)
+		if err != nil || remaining == 0 {
+			return err
+		}
+	}
+	cons, err := l.js.OrderedConsumer(ctx, l.cfg.Name, cfg)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", l.cfg.Name, classify(err))
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", l.cfg.Name, classify(err))
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) && ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("read %s: %w", l.cfg.Name, classify(err))
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", l.cfg.Name, err)
+		}
+		rec, err := l.decode(msg.Data(), meta.Sequence.Stream, msg.Subject())
+		if err != nil {
+			return err
+		}
+		if rec.Event != nil || opts.IncludeUnknown {
+			if err := fn(rec); err != nil {
+				return err
+			}
+		}
+		if opts.StopAtEnd && meta.NumPending == 0 {
+			return nil
+		}
+	}
+}
+
+// decode turns a stored message into a record; unknown types are counted and come
+// back with a nil Event, undecodable bodies are errors.
+func (l *Log) decode(data []byte, seq uint64, subject string) (Record, error) {
+	env, ev, err := l.registry.Decode(data)
+	if err != nil {
+		if !errors.Is(err, ErrUnknownType) {
+			return Record{}, fmt.Errorf("event at %d on %s: %w", seq, subject, err)
+		}
+		l.metrics.countUnknown()
+	}
+	return Record{Envelope: env, Seq: seq, Subject: subject, Event: ev}, nil
+}
+
+// pending counts the stored events Read would deliver, so StopAtEnd can return at
+// once when there are none rather than wait for the first.
+func (l *Log) pending(ctx context.Context, opts ReadOptions) (uint64, error) {
+	if opts.New {
+		return 0, nil
+	}
+	info, err := l.stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s info: %w", l.cfg.Name, classify(err))
+	}
+	state := info.State
+	if state.Msgs == 0 || opts.FromSeq > state.LastSeq {
+		return 0, nil
+	}
+	if !opts.Since.IsZero() && state.LastTime.Before(opts.Since) {
+		return 0, nil
+	}
+	// Filters may match nothing; an exact count per filter costs a subject scan, so
+	// ask the server only when filtering.
+	if len(opts.Filters) == 0 {
+		return state.Msgs, nil
+	}
+	var n uint64
+	for _, f := range opts.Filters {
+		info, err := l.stream.Info(ctx, jetstream.WithSubjectFilter(f))
+		if err != nil {
+			return 0, fmt.Errorf("stream %s info for %s: %w", l.cfg.Name, f, classify(err))
+		}
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+	}
+	return n, nil
+}

@@ -1,0 +1,3 @@
+// Package http serves the HTTP contract of API.md with Fiber: commands that append
+// events, reads from the projections, and the operational endpoints.
+package http

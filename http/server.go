@@ -1,0 +1,167 @@
+package http
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/adaptor"
+	"github.com/gofiber/fiber/v2/middleware/recover"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/feedproject/feed/domain"
+)
+
+// Check is one readiness probe: a dependency or a component that must work for the
+// service to be worth routing traffic to.
+type Check struct {
+	Name  string
+	Probe func(context.Context) error
+}
+
+// Config holds the server's optional knobs; the zero value works.
+type Config struct {
+	// ProbeTimeout bounds each readiness probe; default 2s.
+	ProbeTimeout time.Duration
+	// BodyLimit is the largest request body accepted, checked from Content-Length
+	// and while streaming, before a body is held in memory; default 52 MiB
+	// (ten 5 MiB images and a caption).
+	BodyLimit int
+}
+
+func (c Config) withDefaults() Config {
+	if c.ProbeTimeout == 0 {
+		c.ProbeTimeout = 2 * time.Second
+	}
+	if c.BodyLimit == 0 {
+		c.BodyLimit = 52 << 20
+	}
+	return c
+}
+
+// Server is the service's HTTP front.
+type Server struct {
+	app     *fiber.App
+	log     *slog.Logger
+	cfg     Config
+	checks  []Check
+	metrics *serverMetrics
+}
+
+// NewServer builds the app with every route registered. reg receives the HTTP
+// metrics; gatherer is what /metrics exposes.
+func NewServer(log *slog.Logger, reg prometheus.Registerer, gatherer prometheus.Gatherer, checks []Check, cfg Config) *Server {
+	cfg = cfg.withDefaults()
+	s := &Server{log: log, cfg: cfg, checks: checks, metrics: newServerMetrics(reg)}
+	s.app = fiber.New(fiber.Config{
+		AppName:               "feed",
+		DisableStartupMessage: true,
+		ErrorHandler:          errorHandler(log),
+		BodyLimit:             cfg.BodyLimit,
+		ReadTimeout:           time.Minute,
+		WriteTimeout:          time.Minute,
+		IdleTimeout:           2 * time.Minute,
+	})
+	s.app.Use(recover.New(recover.Config{EnableStackTrace: false}))
+	s.app.Use(s.metrics.middleware)
+	s.app.Get("/healthz", s.healthz)
+	s.app.Get("/readyz", s.readyz)
+	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})))
+	return s
+}
+
+// App returns the Fiber app, for tests that drive it with app.Test.
+func (s *Server) App() *fiber.App { return s.app }
+
+// Serve answers requests on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	if err := s.app.Listener(ln); err != nil {
+		return fmt.Errorf("serve http: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops accepting connections and waits for in-flight requests until ctx
+// ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if err := s.app.ShutdownWithContext(ctx); err != nil {
+		return fmt.Errorf("shut down http: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) healthz(c *fiber.Ctx) error {
+	return c.JSON(fiber.Map{"status": "ok"})
+}
+
+// readyz runs every probe concurrently; any failure makes the answer 503 naming
+// what failed, so a load balancer stops routing here while it lasts.
+func (s *Server) readyz(c *fiber.Ctx) error {
+	ctx, cancel := context.WithTimeout(c.UserContext(), s.cfg.ProbeTimeout)
+	defer cancel()
+	results := make([]error, len(s.checks))
+	var wg sync.WaitGroup
+	for i, check := range s.checks {
+		wg.Go(func() { results[i] = check.Probe(ctx) })
+	}
+	wg.Wait()
+	status := map[string]string{}
+	var failed []string
+	for i, check := range s.checks {
+		if results[i] != nil {
+			status[check.Name] = results[i].Error()
+			failed = append(failed, check.Name)
+			continue
+		}
+		status[check.Name] = "ok"
+	}
+	if len(failed) > 0 {
+		s.log.Warn("not ready", "failed", failed, "err", errors.Join(results...))
+		return fmt.Errorf("not ready: %s: %w", strings.Join(failed, ", "), domain.ErrUnavailable)
+	}
+	return c.JSON(fiber.Map{"status": "ready", "checks": status})
+}
+
+type serverMetrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
+	m := &serverMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "feed_http_requests_total",
+			Help: "HTTP requests, by route pattern, method and status.",
+		}, []string{"route", "method", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "feed_http_request_seconds",
+			Help:    "HTTP request latency, by route pattern and method.",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
+		}, []string{"route", "method"}),
+	}
+	reg.MustRegister(m.requests, m.duration)
+	return m
+}
+
+func (m *serverMetrics) middleware(c *fiber.Ctx) error {
+	start := time.Now()
+	err := c.Next()
+	if err != nil {
+		// Let the error handler write the response now so its status is counted.
+		if herr := c.App().ErrorHandler(c, err); herr != nil {
+			return herr
+		}
+	}
+	route := c.Route().Path
+	m.requests.WithLabelValues(route, c.Method(), strconv.Itoa(c.Response().StatusCode())).Inc()
+	m.duration.WithLabelValues(route, c.Method()).Observe(time.Since(start).Seconds())
+	return nil
+}
