@@ -3,7 +3,6 @@ package events_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -243,7 +242,7 @@ func TestRegistryRoundTripsEveryType(t *testing.T) {
 		assert.NotContains(t, string(env.Payload), `_id":2`, ev.Type())
 	}
 	_, _, err := reg.Decode([]byte(`{"id":"x","type":"nope.v1","payload":{}}`))
-	assert.True(t, errors.Is(err, events.ErrUnknownType))
+	assert.ErrorIs(t, err, events.ErrUnknownType)
 	_, _, err = reg.Decode([]byte(`not json`))
 	assert.Error(t, err)
 }

@@ -2,8 +2,8 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
 	"io"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -145,8 +145,6 @@ func parseConfig(getenv func(string) string) (config, error) {
 	}
 	return cfg, nil
 }
-
-func (c config) has(role string) bool { return slices.Contains(c.Roles, role) }
 
 func newLogger(cfg config, w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: cfg.LogLevel}

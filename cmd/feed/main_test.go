@@ -215,4 +215,3 @@ func TestUnknownSubcommand(t *testing.T) {
 	assert.ErrorIs(t, err, errUsage)
 	assert.Contains(t, stderr.String(), "Usage:")
 }
-

@@ -1,0 +1,294 @@
+package localstack_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack"
+)
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// reachableTempDir is like t.TempDir but traversable by the postgres OS
+// user when the test runs as root (t.TempDir's parent is 0700).
+func reachableTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "localstack-test-*")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dir, 0o755))
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// requireGone asserts that neither the process nor any member of its
+// process group (postgres backends) is still alive.
+func requireGone(t *testing.T, pid int) {
+	t.Helper()
+	require.Positive(t, pid)
+	assert.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "process %d still exists", pid)
+	assert.ErrorIs(t, syscall.Kill(-pid, 0), syscall.ESRCH, "process group %d still has members", pid)
+}
+
+func TestNATSForTestJetStream(t *testing.T) {
+	t.Parallel()
+	n := localstack.NATSForTest(t)
+
+	nc, err := nats.Connect(n.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:     "EVENTS",
+		Subjects: []string{"events.>"},
+		Storage:  jetstream.FileStorage,
+	})
+	require.NoError(t, err)
+
+	ack, err := js.Publish(ctx, "events.post.created", []byte(`{"id":1}`))
+	require.NoError(t, err)
+	assert.Equal(t, "EVENTS", ack.Stream)
+	assert.EqualValues(t, 1, ack.Sequence)
+
+	msg, err := stream.GetMsg(ctx, ack.Sequence)
+	require.NoError(t, err)
+	assert.Equal(t, "events.post.created", msg.Subject)
+	assert.Equal(t, `{"id":1}`, string(msg.Data))
+}
+
+func TestNATSFixedPortInUseFailsFast(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+
+	start := time.Now()
+	n, err := localstack.StartNATS(localstack.NATSConfig{Dir: t.TempDir(), Port: port}, testLogger(t))
+	if n != nil {
+		n.Shutdown()
+	}
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), strconv.Itoa(port))
+	assert.Less(t, time.Since(start), 5*time.Second, "should not wait for the readiness timeout")
+}
+
+func TestNATSSyncAlwaysRestartKeepsStream(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	n, err := localstack.StartNATS(localstack.NATSConfig{Dir: dir, SyncAlways: true}, testLogger(t))
+	require.NoError(t, err)
+	nc, err := nats.Connect(n.ClientURL())
+	require.NoError(t, err)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "s", []byte("kept"))
+	require.NoError(t, err)
+	nc.Close()
+	n.Shutdown()
+	n.Shutdown() // idempotent
+
+	n, err = localstack.StartNATS(localstack.NATSConfig{Dir: dir}, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(n.Shutdown)
+	nc, err = nats.Connect(n.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err = jetstream.New(nc)
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "S")
+	require.NoError(t, err)
+	msg, err := stream.GetMsg(ctx, 1)
+	require.NoError(t, err)
+	assert.Equal(t, "kept", string(msg.Data))
+}
+
+func newRedisClient(t *testing.T, url string) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func TestRedisForTestSetGetAndStop(t *testing.T) {
+	t.Parallel()
+	r := localstack.RedisForTest(t)
+	assert.Equal(t, "redis://"+r.Addr()+"/0", r.URL())
+
+	ctx := context.Background()
+	c := newRedisClient(t, r.URL())
+	require.NoError(t, c.Set(ctx, "greeting", "hello", 0).Err())
+	got, err := c.Get(ctx, "greeting").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "hello", got)
+
+	// Tests run without any persistence.
+	cfg, err := c.ConfigGet(ctx, "appendonly").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "no", cfg["appendonly"])
+	cfg, err = c.ConfigGet(ctx, "bind").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1", cfg["bind"])
+
+	require.NoError(t, r.Stop())
+	require.NoError(t, r.Stop(), "Stop is idempotent")
+	requireGone(t, r.PID())
+}
+
+func TestRedisPersistKeepsKeyAcrossRestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg := localstack.RedisConfig{Dir: dir, Persist: true, ZSetListpackEntries: 512}
+
+	r, err := localstack.StartRedis(ctx, cfg, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Stop() })
+	c := newRedisClient(t, r.URL())
+	require.NoError(t, c.Set(ctx, "durable", "yes", 0).Err())
+	zcfg, err := c.ConfigGet(ctx, "zset-max-listpack-entries").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "512", zcfg["zset-max-listpack-entries"])
+	require.NoError(t, r.Stop())
+	requireGone(t, r.PID())
+
+	r2, err := localstack.StartRedis(ctx, cfg, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r2.Stop() })
+	got, err := newRedisClient(t, r2.URL()).Get(ctx, "durable").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "yes", got)
+}
+
+func TestRedisMissingBinaryExplainsInstall(t *testing.T) {
+	t.Parallel()
+	_, err := localstack.StartRedis(context.Background(), localstack.RedisConfig{
+		Dir:    t.TempDir(),
+		Binary: filepath.Join(t.TempDir(), "redis-server"),
+	}, testLogger(t))
+	require.ErrorIs(t, err, localstack.ErrBinaryNotFound)
+	assert.Contains(t, err.Error(), "apt-get install -y redis-server")
+}
+
+func TestPostgresForTestQuery(t *testing.T) {
+	t.Parallel()
+	p := localstack.PostgresForTest(t)
+	assert.Equal(t, "postgres://postgres@127.0.0.1:"+strconv.Itoa(p.Port())+"/feed?sslmode=disable", p.URL())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var db string
+	var sum int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT current_database(), 1 + 1").Scan(&db, &sum))
+	assert.Equal(t, "feed", db)
+	assert.Equal(t, 2, sum)
+	var fsync string
+	require.NoError(t, conn.QueryRow(ctx, "SHOW fsync").Scan(&fsync))
+	assert.Equal(t, "off", fsync, "tests trade durability for speed")
+}
+
+func TestPostgresRestartKeepsData(t *testing.T) {
+	t.Parallel()
+	// A fresh directory, so this also covers initdb inside StartPostgres
+	// (the harness copies a template instead).
+	dir := filepath.Join(reachableTempDir(t), "postgres")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := localstack.PostgresConfig{Dir: dir, Database: "restart_test"}
+
+	p, err := localstack.StartPostgres(ctx, cfg, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Stop() })
+	conn, err := pgx.Connect(ctx, p.URL())
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE kept (v text); INSERT INTO kept VALUES ('survives')")
+	require.NoError(t, err)
+	// An open session must not stop a fast shutdown.
+	require.NoError(t, p.Stop())
+	require.NoError(t, p.Stop(), "Stop is idempotent")
+	requireGone(t, p.PID())
+	_ = conn.Close(ctx)
+
+	p2, err := localstack.StartPostgres(ctx, cfg, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p2.Stop() })
+	conn2, err := pgx.Connect(ctx, p2.URL())
+	require.NoError(t, err)
+	defer conn2.Close(ctx)
+	var v string
+	require.NoError(t, conn2.QueryRow(ctx, "SELECT v FROM kept").Scan(&v))
+	assert.Equal(t, "survives", v)
+}
+
+func TestPostgresUnreachableDirExplainsFix(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root hands the data dir to the postgres OS user")
+	}
+	t.Parallel()
+	// t.TempDir's parent is 0700 and owned by root.
+	_, err := localstack.StartPostgres(context.Background(), localstack.PostgresConfig{
+		Dir: filepath.Join(t.TempDir(), "postgres"),
+	}, testLogger(t))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "not reachable by the \"postgres\" OS user")
+	assert.Contains(t, err.Error(), "FEED_DATA_DIR")
+}
+
+func TestPostgresMissingBinariesExplainInstall(t *testing.T) {
+	t.Parallel()
+	_, err := localstack.StartPostgres(context.Background(), localstack.PostgresConfig{
+		Dir:    filepath.Join(t.TempDir(), "postgres"),
+		BinDir: t.TempDir(),
+	}, testLogger(t))
+	require.ErrorIs(t, err, localstack.ErrBinaryNotFound)
+	assert.Contains(t, err.Error(), "apt-get install -y postgresql")
+}
+
+func TestForTestFullStack(t *testing.T) {
+	t.Parallel()
+	s := localstack.ForTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	nc, err := nats.Connect(s.NATS.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	require.NoError(t, nc.FlushWithContext(ctx))
+
+	require.NoError(t, newRedisClient(t, s.Redis.URL()).Ping(ctx).Err())
+
+	conn, err := pgx.Connect(ctx, s.Postgres.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	require.NoError(t, conn.Ping(ctx))
+}

@@ -1,0 +1,195 @@
+package localstack
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const (
+	redisReadyTimeout = 15 * time.Second
+	redisStopGrace    = 10 * time.Second
+)
+
+// RedisInstallHint tells a developer how to get redis-server.
+const RedisInstallHint = "install it with `apt-get install -y redis-server` or run `go tool task setup`"
+
+// RedisConfig configures a redis-server child process. Only Dir is required.
+type RedisConfig struct {
+	// Dir is the working and persistence directory (required).
+	Dir string
+	// Port is the TCP port; 0 picks a free loopback port.
+	Port int
+	// Persist enables the append-only file (dev mode: data survives
+	// restarts). When false nothing is ever written to disk (tests).
+	Persist bool
+	// ZSetListpackEntries, if > 0, is passed as --zset-max-listpack-entries
+	// so feed inboxes (sorted sets of ~500 entries) stay in the compact
+	// encoding.
+	ZSetListpackEntries int
+	// Binary is the redis-server executable; default "redis-server" from
+	// PATH, then /usr/bin/redis-server, /usr/local/bin/redis-server.
+	Binary string
+}
+
+// Redis is a running redis-server child process.
+type Redis struct {
+	proc *child
+	port int
+}
+
+// StartRedis starts redis-server bound to 127.0.0.1 and waits until it
+// answers PING. ctx bounds only the start-up; the process runs until Stop.
+func StartRedis(ctx context.Context, cfg RedisConfig, log *slog.Logger) (*Redis, error) {
+	dir, err := absDir(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("start redis: dir: %w", err)
+	}
+	cfg.Dir = dir
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("start redis: %w", err)
+	}
+	bin := cfg.Binary
+	if bin == "" {
+		bin, err = findBinary("redis-server", "/usr/bin/redis-server", "/usr/local/bin/redis-server")
+		if err != nil {
+			return nil, fmt.Errorf("start redis: redis-server not found in PATH, /usr/bin or /usr/local/bin: %s: %w", RedisInstallHint, err)
+		}
+	} else if !isExecutable(bin) {
+		return nil, fmt.Errorf("start redis: %s is not an executable file: %s: %w", bin, RedisInstallHint, ErrBinaryNotFound)
+	}
+
+	r, err := startRedisOnce(ctx, bin, cfg, log)
+	if errors.Is(err, errAddrInUse) && cfg.Port == 0 {
+		// Someone took the port we picked before redis bound it; a second
+		// pick is all but certain to succeed.
+		log.Info("redis port taken, retrying with another", "component", "redis")
+		r, err = startRedisOnce(ctx, bin, cfg, log)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start redis: %w", err)
+	}
+	log.Info("redis started", "component", "redis", "addr", r.Addr(), "dir", dir, "persist", cfg.Persist, "pid", r.PID())
+	return r, nil
+}
+
+func startRedisOnce(ctx context.Context, bin string, cfg RedisConfig, log *slog.Logger) (*Redis, error) {
+	port := cfg.Port
+	if port == 0 {
+		var err error
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	args := []string{
+		// Loopback only and protected mode: no auth is configured, so the
+		// server must be unreachable from the network.
+		"--bind", loopback,
+		"--port", strconv.Itoa(port),
+		"--protected-mode", "yes",
+		// We supervise the process; it must stay in the foreground.
+		"--daemonize", "no",
+		"--supervised", "no",
+		"--dir", cfg.Dir,
+		"--logfile", "",
+		// RDB snapshots are off in both modes: tests want no disk writes and
+		// dev mode relies on the AOF, so periodic full dumps would only add
+		// IO and a second copy of the data.
+		"--save", "",
+	}
+	if cfg.Persist {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "everysec")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	if cfg.ZSetListpackEntries > 0 {
+		args = append(args, "--zset-max-listpack-entries", strconv.Itoa(cfg.ZSetListpackEntries))
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = cfg.Dir
+	proc, err := startChild("redis", cmd, log)
+	if err != nil {
+		return nil, err
+	}
+	r := &Redis{proc: proc, port: port}
+	if err := proc.waitReady(ctx, redisReadyTimeout, r.ping); err != nil {
+		_ = proc.stop(syscall.SIGKILL, time.Second)
+		return nil, err
+	}
+	return r, nil
+}
+
+// ping speaks just enough RESP to tell "accepting commands" apart from
+// "still loading the AOF" (-LOADING) and to make sure the server answering
+// is our child rather than some other redis that grabbed the port we
+// picked, without pulling a client library's pools and background
+// goroutines into the readiness check.
+func (r *Redis) ping(ctx context.Context) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", r.Addr())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	if _, err := conn.Write([]byte("PING\r\nINFO server\r\n")); err != nil {
+		return err
+	}
+	br := bufio.NewReader(conn)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line = strings.TrimSpace(line); line != "+PONG" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	// INFO's reply is a bulk string: "$<len>\r\n<len bytes>\r\n".
+	line, err = br.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(line), "$"))
+	if err != nil || !strings.HasPrefix(line, "$") {
+		return fmt.Errorf("INFO answered %q", strings.TrimSpace(line))
+	}
+	info := make([]byte, n)
+	if _, err := io.ReadFull(br, info); err != nil {
+		return err
+	}
+	want := "process_id:" + strconv.Itoa(r.PID()) + "\r\n"
+	if !strings.Contains(string(info), want) {
+		return fmt.Errorf("%s is served by another redis process, not pid %d", r.Addr(), r.PID())
+	}
+	return nil
+}
+
+// URL returns a go-redis style URL for database 0, e.g.
+// "redis://127.0.0.1:6379/0".
+func (r *Redis) URL() string { return "redis://" + r.Addr() + "/0" }
+
+// Addr returns the host:port the server listens on.
+func (r *Redis) Addr() string { return net.JoinHostPort(loopback, strconv.Itoa(r.port)) }
+
+// Port returns the TCP port the server listens on.
+func (r *Redis) Port() int { return r.port }
+
+// PID returns the redis-server process id.
+func (r *Redis) PID() int { return r.proc.pid() }
+
+// Stop sends SIGTERM (redis flushes the AOF and exits), waits up to 10s and
+// then SIGKILLs. It is idempotent.
+func (r *Redis) Stop() error {
+	return r.proc.stop(syscall.SIGTERM, redisStopGrace)
+}
