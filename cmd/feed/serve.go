@@ -70,14 +70,13 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 			Port:         cfg.NATSPort,
 			SyncAlways:   cfg.NATSSync == "always",
 			SyncInterval: syncInterval(cfg.NATSSync),
-		}, logger.With("component", "nats"))
+		}, logger)
 		if err != nil {
 			return nil, err
 		}
 		in.closers = append(in.closers, ns.Shutdown)
 		natsURL = ns.ClientURL()
 		natsOpts = append(natsOpts, nats.InProcessServer(ns.Server()))
-		logger.Info("embedded nats running", "url", natsURL, "store", filepath.Join(cfg.DataDir, "nats"), "sync", cfg.NATSSync)
 	}
 
 	redisURL, databaseURL := cfg.RedisURL, cfg.DatabaseURL
@@ -86,26 +85,24 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 			Dir:     filepath.Join(cfg.DataDir, "redis"),
 			Port:    cfg.DevRedisPort,
 			Persist: true,
-		}, logger.With("component", "redis"))
+		}, logger)
 		if err != nil {
 			return nil, err
 		}
 		in.closers = append(in.closers, func() { logStop(logger, "redis", r.Stop()) })
 		redisURL = r.URL()
-		logger.Info("child redis running", "url", redisURL)
 	}
 	if dev && databaseURL == "" {
 		p, err := localstack.StartPostgres(ctx, localstack.PostgresConfig{
 			Dir:     filepath.Join(cfg.DataDir, "postgres"),
 			Port:    cfg.DevPGPort,
 			Durable: true,
-		}, logger.With("component", "postgres"))
+		}, logger)
 		if err != nil {
 			return nil, err
 		}
 		in.closers = append(in.closers, func() { logStop(logger, "postgres", p.Stop()) })
 		databaseURL = p.URL()
-		logger.Info("child postgres running", "url", databaseURL)
 	}
 	if redisURL == "" || databaseURL == "" {
 		return nil, errors.New("REDIS_URL and DATABASE_URL must be set for serve (or use `feed dev`, which starts local ones)")
