@@ -75,6 +75,7 @@ func NewServer(log *slog.Logger, reg prometheus.Registerer, gatherer prometheus.
 	s.app.Get("/healthz", s.healthz)
 	s.app.Get("/readyz", s.readyz)
 	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})))
+	s.app.Get("/openapi.yaml", s.openAPI)
 	return s
 }
 
