@@ -186,6 +186,18 @@ func (l *Log) Last(ctx context.Context, filter string) (Record, error) {
 	return Record{Envelope: env, Seq: raw.Sequence, Subject: raw.Subject, Event: ev}, nil
 }
 
+// Get returns the event at seq, or an error wrapping domain.ErrNotFound.
+func (l *Log) Get(ctx context.Context, seq uint64) (Record, error) {
+	raw, err := l.stream.GetMsg(ctx, seq)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return Record{}, fmt.Errorf("event %d: %w", seq, domain.ErrNotFound)
+		}
+		return Record{}, fmt.Errorf("event %d: %w", seq, classify(err))
+	}
+	return l.decode(raw.Data, raw.Sequence, raw.Subject)
+}
+
 // Position formats a log sequence as the opaque position clients see.
 func Position(seq uint64) string { return strconv.FormatUint(seq, 10) }
 
@@ -214,6 +226,7 @@ func classify(err error) error {
 		errors.Is(err, nats.ErrConnectionClosed),
 		errors.Is(err, nats.ErrConnectionDraining),
 		errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrReconnectBufExceeded),
 		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
 		errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%w: %w", domain.ErrUnavailable, err)

@@ -45,6 +45,11 @@ type errorDetail struct {
 func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 	return func(c *fiber.Ctx, err error) error {
 		status, code, message := classify(err)
+		if c.Request().Header.ContentLength() != 0 {
+			// The body may be unread (refused early, or streamed and abandoned):
+			// its bytes must not be taken for the next request on this connection.
+			c.Context().SetConnectionClose()
+		}
 		if status == fiber.StatusInternalServerError {
 			log.Error("request failed", "method", c.Method(), "path", c.Path(), "err", err)
 		}

@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/http/media"
 )
 
 // Check is one readiness probe: a dependency or a component that must work for the
@@ -31,9 +33,8 @@ type Check struct {
 type Config struct {
 	// ProbeTimeout bounds each readiness probe; default 2s.
 	ProbeTimeout time.Duration
-	// BodyLimit is the largest request body accepted, checked from Content-Length
-	// and while streaming, before a body is held in memory; default 52 MiB
-	// (ten 5 MiB images and a caption).
+	// BodyLimit is how many body bytes are buffered before a handler streams the
+	// rest; each route enforces its own limit on the whole; default 64 KiB.
 	BodyLimit int
 }
 
@@ -42,9 +43,25 @@ func (c Config) withDefaults() Config {
 		c.ProbeTimeout = 2 * time.Second
 	}
 	if c.BodyLimit == 0 {
-		c.BodyLimit = 52 << 20
+		c.BodyLimit = 64 << 10
 	}
 	return c
+}
+
+// Deps are what the server needs; all are required but Now.
+type Deps struct {
+	Logger *slog.Logger
+	// Registerer receives the HTTP metrics; Gatherer is what /metrics exposes.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// Checks are the readiness probes of /readyz.
+	Checks []Check
+	Log    *events.Log
+	Media  media.Store
+	Auth   *Authenticator
+	IDs    *domain.IDGenerator
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
 }
 
 // Server is the service's HTTP front.
@@ -56,26 +73,45 @@ type Server struct {
 	metrics *serverMetrics
 }
 
-// NewServer builds the app with every route registered. reg receives the HTTP
-// metrics; gatherer is what /metrics exposes.
-func NewServer(log *slog.Logger, reg prometheus.Registerer, gatherer prometheus.Gatherer, checks []Check, cfg Config) *Server {
+// NewServer builds the app with every route of the contract registered.
+func NewServer(deps Deps, cfg Config) *Server {
 	cfg = cfg.withDefaults()
-	s := &Server{log: log, cfg: cfg, checks: checks, metrics: newServerMetrics(reg)}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	s := &Server{log: deps.Logger, cfg: cfg, checks: deps.Checks, metrics: newServerMetrics(deps.Registerer)}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "feed",
 		DisableStartupMessage: true,
-		ErrorHandler:          errorHandler(log),
-		BodyLimit:             cfg.BodyLimit,
-		ReadTimeout:           time.Minute,
-		WriteTimeout:          time.Minute,
-		IdleTimeout:           2 * time.Minute,
+		ErrorHandler:          errorHandler(deps.Logger),
+		// Bodies are streamed to the handlers, which enforce each route's limit
+		// (see requestBody) before anything is held in memory whole; BodyLimit is
+		// then only how much fasthttp buffers before handing over the stream.
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		BodyLimit:                    cfg.BodyLimit,
+		ReadTimeout:                  time.Minute,
+		WriteTimeout:                 time.Minute,
+		IdleTimeout:                  2 * time.Minute,
 	})
 	s.app.Use(recover.New(recover.Config{EnableStackTrace: false}))
 	s.app.Use(s.metrics.middleware)
 	s.app.Get("/healthz", s.healthz)
 	s.app.Get("/readyz", s.readyz)
-	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})))
+	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{})))
 	s.app.Get("/openapi.yaml", s.openAPI)
+
+	cmd := &commands{log: deps.Log, media: deps.Media, ids: deps.IDs, now: deps.Now}
+	auth := deps.Auth.requireAuth
+	s.app.Post("/posts", auth, cmd.createPost)
+	s.app.Patch("/posts/:id", auth, cmd.editPost)
+	s.app.Delete("/posts/:id", auth, cmd.deletePost)
+	s.app.Post("/users/:id/follow", auth, cmd.follow)
+	s.app.Delete("/users/:id/follow", auth, cmd.unfollow)
+	s.app.Post("/posts/:id/like", auth, cmd.like)
+	s.app.Delete("/posts/:id/like", auth, cmd.unlike)
+	s.app.Post("/posts/:id/comments", auth, cmd.comment)
+	s.app.Get("/media/:key", cmd.serveMedia)
 	return s
 }
 

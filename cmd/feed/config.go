@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ type config struct {
 	HTTPAddr        string
 	DataDir         string
 	JWTSecret       string
+	NodeID          int
 	Roles           []string
 	LogLevel        slog.Level
 	LogFormat       string
@@ -36,6 +38,23 @@ type config struct {
 	DevPGPort    int
 }
 
+// devJWTSecret signs and checks tokens in dev mode when FEED_JWT_SECRET is
+// unset, so `feed token` works against `feed dev` with no setup. Never for
+// production: serve refuses to start without a secret of its own.
+const devJWTSecret = "feed-development-secret-not-for-production"
+
+// jwtSecret returns the secret to use; dev allows the development default.
+func (c config) jwtSecret(dev bool) (string, error) {
+	switch {
+	case c.JWTSecret != "":
+		return c.JWTSecret, nil
+	case dev:
+		return devJWTSecret, nil
+	default:
+		return "", errors.New("FEED_JWT_SECRET must be set for serve (at least 16 bytes)")
+	}
+}
+
 // roleAPI serves HTTP. Projector roles join this list as they are built.
 const roleAPI = "api"
 
@@ -50,8 +69,9 @@ type variable struct {
 var variables = []variable{
 	{"FEED_HTTP_ADDR", ":8080", "HTTP listen address."},
 	{"FEED_DATA_DIR", ".data", "Data directory: embedded NATS store, media, and in dev mode Redis and Postgres data."},
-	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens (dev mode uses a fixed development secret when unset)."},
-	{"FEED_ROLES", "api", "Comma-separated roles this process runs."},
+	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 16 bytes; required by `serve`. `dev` and `token` use a fixed development secret when it is unset."},
+	{"FEED_ROLES", "api", "Comma-separated roles this process runs (`--roles` overrides)."},
+	{"FEED_NODE_ID", "0", "This process's node number in post and comment ids, 0–255: unique per API replica."},
 	{"FEED_LOG_LEVEL", "info", "debug, info, warn or error."},
 	{"FEED_LOG_FORMAT", "text", "text or json."},
 	{"FEED_SHUTDOWN_TIMEOUT", "20s", "How long shutdown waits for in-flight work."},
@@ -102,6 +122,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		LogFormat:       get("FEED_LOG_FORMAT"),
 		ShutdownTimeout: duration("FEED_SHUTDOWN_TIMEOUT"),
 		ConsistencyWait: duration("FEED_CONSISTENCY_WAIT"),
+		NodeID:          integer("FEED_NODE_ID", 0, 255),
 		NATSURL:         get("NATS_URL"),
 		RedisURL:        get("REDIS_URL"),
 		DatabaseURL:     get("DATABASE_URL"),

@@ -41,6 +41,9 @@ Usage:
                NATS_URL (embedded when unset), REDIS_URL and DATABASE_URL
   feed dev     like serve, but start Redis and Postgres as child processes
                under FEED_DATA_DIR when their URLs are unset
+  feed token --user ID [--admin] [--ttl 24h]
+               print a bearer token for a user, signed with FEED_JWT_SECRET
+               (or the development secret that feed dev accepts)
   feed help    this text
 
 Configuration is read from the environment; see the README.
@@ -75,6 +78,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 		return serve(ctx, cfg, cmd == "dev", newLogger(cfg, stderr), stdout)
+	case "token":
+		return token(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

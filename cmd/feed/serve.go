@@ -19,8 +19,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	feedhttp "github.com/feedproject/feed/http"
+	"github.com/feedproject/feed/http/media"
 	"github.com/feedproject/feed/migrations"
 )
 
@@ -56,6 +58,9 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 		nats.Name("feed"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
+		// No buffering while disconnected: a command answered 503 must not be
+		// appended later when the connection comes back.
+		nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				logger.Warn("nats disconnected", "err", err)
@@ -171,12 +176,41 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	defer in.close()
 
+	secret, err := cfg.jwtSecret(dev)
+	if err != nil {
+		return err
+	}
+	auth, err := feedhttp.NewAuthenticator(secret, nil)
+	if err != nil {
+		return fmt.Errorf("FEED_JWT_SECRET: %w", err)
+	}
+	if secret == devJWTSecret {
+		logger.Warn("using the development JWT secret; set FEED_JWT_SECRET outside development")
+	}
+	ids, err := domain.NewIDGenerator(cfg.NodeID)
+	if err != nil {
+		return fmt.Errorf("FEED_NODE_ID: %w", err)
+	}
+	store, err := media.NewDir(filepath.Join(cfg.DataDir, "media"))
+	if err != nil {
+		return err
+	}
+
 	checks := []feedhttp.Check{
 		{Name: "log", Probe: func(ctx context.Context) error { _, err := in.log.Head(ctx); return err }},
 		{Name: "redis", Probe: func(ctx context.Context) error { return in.redis.Ping(ctx).Err() }},
 		{Name: "postgres", Probe: in.pg.Ping},
 	}
-	srv := feedhttp.NewServer(logger, reg, reg, checks, feedhttp.Config{})
+	srv := feedhttp.NewServer(feedhttp.Deps{
+		Logger:     logger,
+		Registerer: reg,
+		Gatherer:   reg,
+		Checks:     checks,
+		Log:        in.log,
+		Media:      store,
+		Auth:       auth,
+		IDs:        ids,
+	}, feedhttp.Config{})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {

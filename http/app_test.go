@@ -1,0 +1,135 @@
+package http
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/http/media"
+)
+
+const testSecret = "test-secret-of-at-least-16-bytes"
+
+// testApp is the real app against a real, embedded JetStream and a media
+// directory, for one test.
+type testApp struct {
+	srv   *Server
+	log   *events.Log
+	js    jetstream.JetStream
+	nats  *localstack.NATS
+	auth  *Authenticator
+	media *media.Dir
+	now   time.Time
+}
+
+func newTestApp(t *testing.T, checks ...Check) *testApp {
+	t.Helper()
+	ns := localstack.NATSForTest(t)
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	log, err := events.OpenLog(context.Background(), js, events.StreamConfig{}, nil)
+	require.NoError(t, err)
+	store, err := media.NewDir(t.TempDir())
+	require.NoError(t, err)
+	auth, err := NewAuthenticator(testSecret, nil)
+	require.NoError(t, err)
+	ids, err := domain.NewIDGenerator(1)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	a := &testApp{log: log, js: js, nats: ns, auth: auth, media: store, now: time.Now()}
+	a.srv = NewServer(Deps{
+		Logger:     slog.New(slog.DiscardHandler),
+		Registerer: reg,
+		Gatherer:   reg,
+		Checks:     checks,
+		Log:        log,
+		Media:      store,
+		Auth:       auth,
+		IDs:        ids,
+	}, Config{})
+	return a
+}
+
+func (a *testApp) token(t *testing.T, user domain.UserID) string {
+	t.Helper()
+	tok, err := a.auth.Mint(user, false, time.Now(), time.Hour)
+	require.NoError(t, err)
+	return tok
+}
+
+// response is a decoded answer.
+type response struct {
+	status int
+	header http.Header
+	body   map[string]any
+	raw    []byte
+}
+
+func (r response) errorCode() string {
+	e, _ := r.body["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+// do sends req through the app (no network) and decodes a JSON answer.
+func (a *testApp) do(t *testing.T, req *http.Request) response {
+	t.Helper()
+	resp, err := a.srv.App().Test(req, 30_000)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := response{status: resp.StatusCode, header: resp.Header, raw: raw}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		require.NoError(t, json.Unmarshal(raw, &out.body), "body: %s", raw)
+	}
+	return out
+}
+
+// command sends a JSON command as user (0: no token).
+func (a *testApp) command(t *testing.T, method, path string, user domain.UserID, body string, headers ...string) response {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, path, r)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if user != 0 {
+		req.Header.Set("Authorization", "Bearer "+a.token(t, user))
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	return a.do(t, req)
+}
+
+// records reads every event in the log.
+func (a *testApp) records(t *testing.T) []events.Record {
+	t.Helper()
+	var out []events.Record
+	require.NoError(t, a.log.Read(context.Background(), events.ReadOptions{StopAtEnd: true}, func(r events.Record) error {
+		out = append(out, r)
+		return nil
+	}))
+	return out
+}

@@ -1,0 +1,487 @@
+package http
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/google/uuid"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/http/media"
+)
+
+// Limits on request bodies, enforced before a body is held in memory.
+const (
+	// maxJSONBody bounds the JSON commands (a caption or comment of 2200
+	// characters of up to 4 bytes each, escaped, fits well within it).
+	maxJSONBody = 64 << 10
+	// maxPostBody bounds POST /posts: ten images at the limit and the form's own
+	// bytes.
+	maxPostBody = domain.MaxImages*domain.MaxImageBytes + 1<<20
+	// maxCaptionBytes is the most bytes a valid caption can take.
+	maxCaptionBytes = domain.MaxCaptionChars * 4
+	// occAttempts bounds the retries of an edit or delete that lost a race.
+	occAttempts = 5
+	// logTimeout bounds each exchange with the log, so a log that is down is a
+	// prompt 503 rather than a hung request.
+	logTimeout = 5 * time.Second
+)
+
+// commands handles the write side of the contract: each command is validated,
+// its media stored, and one event appended; the answer is 202 with its position.
+type commands struct {
+	log   *events.Log
+	media media.Store
+	ids   *domain.IDGenerator
+	now   func() time.Time
+}
+
+// eventID is the envelope id of a command's event. With an Idempotency-Key it is
+// derived from the user and the key, so a retry is deduplicated by the log;
+// otherwise it is a fresh, time-ordered UUID.
+func eventID(c *fiber.Ctx, user domain.UserID) (id string, idempotent bool, err error) {
+	key := c.Get("Idempotency-Key")
+	if key == "" {
+		u, err := uuid.NewV7()
+		if err != nil {
+			return "", false, fmt.Errorf("event id: %w", err)
+		}
+		return u.String(), false, nil
+	}
+	if len(key) > 255 || strings.ContainsFunc(key, func(r rune) bool { return r < 0x21 || r > 0x7e }) {
+		return "", false, fmt.Errorf("Idempotency-Key must be 1 to 255 visible ASCII characters: %w", domain.ErrInvalid)
+	}
+	sum := sha256.Sum256([]byte(user.String() + "\x00" + key))
+	return "idem-" + hex.EncodeToString(sum[:16]), true, nil
+}
+
+// appendEvent appends ev under id and returns the event the client's answer is
+// about: ev itself, or for a retried Idempotency-Key the event first appended
+// with it.
+func (h *commands) appendEvent(ctx context.Context, id string, ev events.Event, opts ...events.AppendOption) (uint64, events.Event, error) {
+	ctx, cancel := context.WithTimeout(ctx, logTimeout)
+	defer cancel()
+	res, err := h.log.AppendEvent(ctx, id, h.now(), ev, opts...)
+	if err != nil {
+		return 0, nil, err
+	}
+	if !res.Duplicate {
+		return res.Seq, ev, nil
+	}
+	first, err := h.log.Get(ctx, res.Seq)
+	if err != nil {
+		return 0, nil, fmt.Errorf("load the first answer of a retried command: %w", err)
+	}
+	if first.Event == nil || first.Type != ev.Type() {
+		return 0, nil, fmt.Errorf("this Idempotency-Key was already used for a different command (%s): %w", first.Type, domain.ErrConflict)
+	}
+	return first.Seq, first.Event, nil
+}
+
+// accepted writes the 202 answer for the event at seq.
+func accepted(c *fiber.Ctx, seq uint64, ev events.Event) error {
+	body := fiber.Map{"position": events.Position(seq)}
+	switch e := ev.(type) {
+	case events.PostCreated:
+		body["id"] = e.PostID.String()
+		body["created_at"] = formatTime(e.CreatedAt)
+		c.Set(fiber.HeaderLocation, "/posts/"+e.PostID.String())
+	case events.CommentAdded:
+		body["id"] = e.CommentID.String()
+	}
+	return c.Status(fiber.StatusAccepted).JSON(body)
+}
+
+// formatTime writes times as the contract does: RFC 3339, UTC, milliseconds.
+func formatTime(t time.Time) string {
+	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
+
+func (h *commands) createPost(c *fiber.Ctx) error {
+	p, _ := principal(c)
+	id, _, err := eventID(c, p.UserID)
+	if err != nil {
+		return err
+	}
+	caption, images, err := h.readPostForm(c)
+	if err != nil {
+		return err
+	}
+	postID, createdAt := h.ids.Next(h.now())
+	ev := events.PostCreated{
+		PostID:    domain.PostID(postID),
+		UserID:    p.UserID,
+		Caption:   caption,
+		CreatedAt: createdAt,
+		Media:     make([]events.Media, len(images)),
+	}
+	for i, img := range images {
+		ev.Media[i] = events.Media{Key: img.Key, ContentType: img.ContentType, Width: img.Width, Height: img.Height, Size: img.Size}
+	}
+	// The images are stored; only now may an event refer to them. If the append
+	// fails there is no post, only files a cleaner may remove.
+	seq, first, err := h.appendEvent(c.UserContext(), id, ev)
+	if err != nil {
+		return err
+	}
+	return accepted(c, seq, first)
+}
+
+// readPostForm streams the multipart form of POST /posts: each image goes to the
+// media store as it arrives, so no image is held in memory whole, and the
+// contract's limits are checked on the way.
+func (h *commands) readPostForm(c *fiber.Ctx) (string, []media.Image, error) {
+	mediaType, params, err := mime.ParseMediaType(c.Get(fiber.HeaderContentType))
+	if err != nil || mediaType != fiber.MIMEMultipartForm || params["boundary"] == "" {
+		return "", nil, fmt.Errorf("POST /posts takes multipart/form-data with caption and images: %w", domain.ErrUnsupportedMedia)
+	}
+	body, err := requestBody(c, maxPostBody)
+	if err != nil {
+		return "", nil, err
+	}
+	form := multipart.NewReader(body, params["boundary"])
+	var (
+		caption    string
+		hasCaption bool
+		images     []media.Image
+	)
+	for {
+		part, err := form.NextPart()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return "", nil, bodyError(body, fmt.Errorf("malformed multipart body: %v: %w", err, domain.ErrInvalid))
+		}
+		switch part.FormName() {
+		case "caption":
+			if hasCaption {
+				return "", nil, fmt.Errorf("caption given twice: %w", domain.ErrInvalid)
+			}
+			hasCaption = true
+			b, err := io.ReadAll(io.LimitReader(part, maxCaptionBytes+1))
+			if err != nil {
+				return "", nil, bodyError(body, fmt.Errorf("read caption: %v: %w", err, domain.ErrInvalid))
+			}
+			caption = string(b)
+			if len(b) > maxCaptionBytes {
+				return "", nil, fmt.Errorf("caption is over %d characters: %w", domain.MaxCaptionChars, domain.ErrInvalid)
+			}
+			if err := domain.ValidateCaption(caption); err != nil {
+				return "", nil, err
+			}
+		case "images":
+			if len(images) == domain.MaxImages {
+				return "", nil, domain.ValidateImageCount(domain.MaxImages + 1)
+			}
+			img, err := h.media.Save(c.UserContext(), part, domain.MaxImageBytes)
+			if err != nil {
+				return "", nil, bodyError(body, fmt.Errorf("image %d: %w", len(images)+1, err))
+			}
+			images = append(images, img)
+		default:
+			return "", nil, fmt.Errorf("unknown form field %q (expected caption and images): %w", part.FormName(), domain.ErrInvalid)
+		}
+		_ = part.Close()
+	}
+	if err := domain.ValidateImageCount(len(images)); err != nil {
+		return "", nil, err
+	}
+	return caption, images, nil
+}
+
+// limitedBody reads a request body, counting, up to a limit.
+type limitedBody struct {
+	r     io.Reader
+	limit int64
+	n     int64
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.n > b.limit {
+		return 0, errBodyTooLarge
+	}
+	if rest := b.limit + 1 - b.n; int64(len(p)) > rest {
+		p = p[:rest]
+	}
+	n, err := b.r.Read(p)
+	b.n += int64(n)
+	if b.n > b.limit {
+		return n, errBodyTooLarge
+	}
+	return n, err
+}
+
+var errBodyTooLarge = fmt.Errorf("request body too large: %w", domain.ErrTooLarge)
+
+// bodyError reports a body over its limit as such, whatever the parser made of
+// the truncated stream.
+func bodyError(body *limitedBody, err error) error {
+	if body.n > body.limit {
+		return fmt.Errorf("request body is over %d bytes: %w", body.limit, domain.ErrTooLarge)
+	}
+	return err
+}
+
+// requestBody returns the body as a stream of at most limit bytes, refusing at
+// once a body whose declared length is over it.
+func requestBody(c *fiber.Ctx, limit int64) (*limitedBody, error) {
+	if n := c.Request().Header.ContentLength(); n > 0 && int64(n) > limit {
+		return nil, fmt.Errorf("request body of %d bytes is over the %d byte limit: %w", n, limit, domain.ErrTooLarge)
+	}
+	var r io.Reader = bytes.NewReader(c.Request().Body())
+	if stream := c.Context().RequestBodyStream(); stream != nil {
+		r = stream
+	}
+	return &limitedBody{r: r, limit: limit}, nil
+}
+
+// readJSON decodes a small JSON body into v, strictly: unknown fields, trailing
+// data and bodies over maxJSONBody are refused.
+func readJSON(c *fiber.Ctx, v any) error {
+	if ct := c.Get(fiber.HeaderContentType); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || (mt != fiber.MIMEApplicationJSON && !strings.HasSuffix(mt, "+json")) {
+			return fmt.Errorf("body must be application/json, not %q: %w", ct, domain.ErrUnsupportedMedia)
+		}
+	}
+	body, err := requestBody(c, maxJSONBody)
+	if err != nil {
+		return err
+	}
+	data, err := io.ReadAll(body)
+	if err != nil {
+		return bodyError(body, fmt.Errorf("read body: %v: %w", err, domain.ErrInvalid))
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("body is not the expected JSON object: %v: %w", err, domain.ErrInvalid)
+	}
+	if dec.More() {
+		return fmt.Errorf("body has data after the JSON object: %w", domain.ErrInvalid)
+	}
+	return nil
+}
+
+// livePost returns the newest event of a post that exists and is not deleted,
+// with its owner, from the post's own events in the log.
+func (h *commands) livePost(ctx context.Context, id domain.PostID) (events.Record, domain.UserID, error) {
+	ctx, cancel := context.WithTimeout(ctx, logTimeout)
+	defer cancel()
+	last, err := h.log.Last(ctx, events.PostSubjectAnyOwner(id))
+	if err != nil {
+		if errors.Is(err, domain.ErrNotFound) {
+			return events.Record{}, 0, fmt.Errorf("post %d: %w", id, domain.ErrNotFound)
+		}
+		return events.Record{}, 0, err
+	}
+	owner, err := subjectActor(last.Subject)
+	if err != nil {
+		return events.Record{}, 0, err
+	}
+	if last.Type == events.TypePostDeleted {
+		return last, owner, fmt.Errorf("post %d was deleted: %w", id, domain.ErrNotFound)
+	}
+	return last, owner, nil
+}
+
+// subjectActor reads the actor token of an event subject.
+func subjectActor(subject string) (domain.UserID, error) {
+	tokens := strings.SplitN(subject, ".", 4)
+	if len(tokens) != 4 {
+		return 0, fmt.Errorf("malformed event subject %q", subject)
+	}
+	n, err := strconv.ParseInt(tokens[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("malformed event subject %q: %w", subject, err)
+	}
+	return domain.UserID(n), nil
+}
+
+// changePost appends the owner's edit or delete of a post, decided from the
+// post's own events and appended only if no other event reached the post in
+// between (optimistic concurrency); a lost race is decided again from the new
+// state, so concurrent deletes or an edit racing a delete have one outcome.
+func (h *commands) changePost(c *fiber.Ctx, change func(owner domain.UserID, id domain.PostID, at time.Time) events.Event) error {
+	p, _ := principal(c)
+	id, err := domain.ParsePostID(c.Params("id"))
+	if err != nil {
+		return err
+	}
+	evID, idempotent, err := eventID(c, p.UserID)
+	if err != nil {
+		return err
+	}
+	ctx := c.UserContext()
+	for range occAttempts {
+		last, owner, err := h.livePost(ctx, id)
+		// The log checks the expected sequence before the dedup id, so a retry of
+		// a change that was appended is recognised here, by its id.
+		if idempotent && last.ID == evID && (err == nil || errors.Is(err, domain.ErrNotFound)) {
+			return accepted(c, last.Seq, last.Event)
+		}
+		if err != nil {
+			return err
+		}
+		if owner != p.UserID {
+			return fmt.Errorf("post %d belongs to another user: %w", id, domain.ErrForbidden)
+		}
+		ev := change(owner, id, h.now())
+		seq, first, err := h.appendEvent(ctx, evID, ev, events.ExpectSubjectSeq(last.Seq))
+		if errors.Is(err, domain.ErrConflict) && !strings.Contains(err.Error(), "Idempotency-Key") {
+			continue // another change got there first: decide again
+		}
+		if err != nil {
+			return err
+		}
+		return accepted(c, seq, first)
+	}
+	return fmt.Errorf("post %d is changing too fast; retry: %w", id, domain.ErrConflict)
+}
+
+type editBody struct {
+	Caption *string `json:"caption"`
+}
+
+func (h *commands) editPost(c *fiber.Ctx) error {
+	var body editBody
+	if err := readJSON(c, &body); err != nil {
+		return err
+	}
+	if body.Caption == nil {
+		return fmt.Errorf("caption is required: %w", domain.ErrInvalid)
+	}
+	if err := domain.ValidateCaption(*body.Caption); err != nil {
+		return err
+	}
+	return h.changePost(c, func(owner domain.UserID, id domain.PostID, at time.Time) events.Event {
+		return events.PostEdited{PostID: id, UserID: owner, Caption: *body.Caption, EditedAt: at.UTC().Truncate(time.Millisecond)}
+	})
+}
+
+func (h *commands) deletePost(c *fiber.Ctx) error {
+	return h.changePost(c, func(owner domain.UserID, id domain.PostID, at time.Time) events.Event {
+		return events.PostDeleted{PostID: id, UserID: owner, DeletedAt: at.UTC().Truncate(time.Millisecond)}
+	})
+}
+
+func (h *commands) follow(c *fiber.Ctx) error   { return h.followCommand(c, true) }
+func (h *commands) unfollow(c *fiber.Ctx) error { return h.followCommand(c, false) }
+
+func (h *commands) followCommand(c *fiber.Ctx, follow bool) error {
+	p, _ := principal(c)
+	target, err := domain.ParseUserID(c.Params("id"))
+	if err != nil {
+		return err
+	}
+	if target == p.UserID {
+		return fmt.Errorf("you cannot follow or unfollow yourself: %w", domain.ErrInvalid)
+	}
+	id, _, err := eventID(c, p.UserID)
+	if err != nil {
+		return err
+	}
+	var ev events.Event = events.UserFollowed{FollowerID: p.UserID, FolloweeID: target}
+	if !follow {
+		ev = events.UserUnfollowed{FollowerID: p.UserID, FolloweeID: target}
+	}
+	seq, first, err := h.appendEvent(c.UserContext(), id, ev)
+	if err != nil {
+		return err
+	}
+	return accepted(c, seq, first)
+}
+
+func (h *commands) like(c *fiber.Ctx) error   { return h.likeCommand(c, true) }
+func (h *commands) unlike(c *fiber.Ctx) error { return h.likeCommand(c, false) }
+
+func (h *commands) likeCommand(c *fiber.Ctx, like bool) error {
+	p, _ := principal(c)
+	post, err := domain.ParsePostID(c.Params("id"))
+	if err != nil {
+		return err
+	}
+	id, _, err := eventID(c, p.UserID)
+	if err != nil {
+		return err
+	}
+	if _, _, err := h.livePost(c.UserContext(), post); err != nil {
+		return err
+	}
+	var ev events.Event = events.PostLiked{UserID: p.UserID, PostID: post}
+	if !like {
+		ev = events.PostUnliked{UserID: p.UserID, PostID: post}
+	}
+	seq, first, err := h.appendEvent(c.UserContext(), id, ev)
+	if err != nil {
+		return err
+	}
+	return accepted(c, seq, first)
+}
+
+type commentBody struct {
+	Text *string `json:"text"`
+}
+
+func (h *commands) comment(c *fiber.Ctx) error {
+	p, _ := principal(c)
+	post, err := domain.ParsePostID(c.Params("id"))
+	if err != nil {
+		return err
+	}
+	id, _, err := eventID(c, p.UserID)
+	if err != nil {
+		return err
+	}
+	var body commentBody
+	if err := readJSON(c, &body); err != nil {
+		return err
+	}
+	if body.Text == nil {
+		return fmt.Errorf("text is required: %w", domain.ErrInvalid)
+	}
+	if err := domain.ValidateComment(*body.Text); err != nil {
+		return err
+	}
+	if _, _, err := h.livePost(c.UserContext(), post); err != nil {
+		return err
+	}
+	commentID, createdAt := h.ids.Next(h.now())
+	ev := events.CommentAdded{CommentID: domain.CommentID(commentID), PostID: post, UserID: p.UserID, Text: *body.Text, CreatedAt: createdAt}
+	seq, first, err := h.appendEvent(c.UserContext(), id, ev)
+	if err != nil {
+		return err
+	}
+	return accepted(c, seq, first)
+}
+
+// serveMedia serves a stored image; keys are content hashes, so the answer never
+// changes and may be cached for ever.
+func (h *commands) serveMedia(c *fiber.Ctx) error {
+	r, img, err := h.media.Open(c.UserContext(), c.Params("key"))
+	if err != nil {
+		return err
+	}
+	c.Set(fiber.HeaderContentType, img.ContentType)
+	c.Set(fiber.HeaderCacheControl, "public, max-age=31536000, immutable")
+	c.Set(fiber.HeaderETag, `"`+img.Key+`"`)
+	c.Set("X-Content-Type-Options", "nosniff")
+	if match := c.Get(fiber.HeaderIfNoneMatch); match == `"`+img.Key+`"` {
+		_ = r.Close()
+		return c.SendStatus(fiber.StatusNotModified)
+	}
+	return c.SendStream(r, int(img.Size))
+}
