@@ -39,7 +39,7 @@ type testApp struct {
 func newTestApp(t *testing.T, checks ...Check) *testApp {
 	t.Helper()
 	ns := localstack.NATSForTest(t)
-	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)

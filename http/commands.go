@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"mime"
 	"mime/multipart"
 	"strconv"
@@ -34,7 +35,7 @@ const (
 	// maxCaptionBytes is the most bytes a valid caption can take.
 	maxCaptionBytes = domain.MaxCaptionChars * 4
 	// occAttempts bounds the retries of an edit or delete that lost a race.
-	occAttempts = 5
+	occAttempts = 10
 	// logTimeout bounds each exchange with the log, so a log that is down is a
 	// prompt 503 rather than a hung request.
 	logTimeout = 5 * time.Second
@@ -326,7 +327,11 @@ func (h *commands) changePost(c *fiber.Ctx, change func(owner domain.UserID, id 
 		return err
 	}
 	ctx := c.UserContext()
-	for range occAttempts {
+	for attempt := range occAttempts {
+		if attempt > 0 {
+			// Spread the losers of a race out so one of them wins the next round.
+			time.Sleep(time.Duration(rand.Int64N(int64(attempt) * int64(time.Millisecond))))
+		}
 		last, owner, err := h.livePost(ctx, id)
 		// The log checks the expected sequence before the dedup id, so a retry of
 		// a change that was appended is recognised here, by its id.
