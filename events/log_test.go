@@ -21,23 +21,37 @@ import (
 
 var at = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 
-func openLog(t *testing.T, cfg events.StreamConfig) (*events.Log, jetstream.JetStream, *events.Metrics) {
+// testNATS is an embedded server with a client connected the way the service
+// connects (no publishes buffered while disconnected).
+type testNATS struct {
+	server *localstack.NATS
+	js     jetstream.JetStream
+}
+
+func natsForTest(t *testing.T) testNATS {
 	t.Helper()
 	ns := localstack.NATSForTest(t)
-	nc, err := nats.Connect(ns.ClientURL())
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
+	return testNATS{server: ns, js: js}
+}
+
+func openLog(t *testing.T, cfg events.Config) (*events.Log, jetstream.JetStream, *events.Metrics) {
+	t.Helper()
+	ns := natsForTest(t)
 	metrics := events.NewMetrics(prometheus.NewRegistry())
-	log, err := events.OpenLog(context.Background(), js, cfg, metrics)
+	log, err := events.OpenLog(context.Background(), ns.js, cfg, metrics)
 	require.NoError(t, err)
-	return log, js, metrics
+	t.Cleanup(log.Close)
+	return log, ns.js, metrics
 }
 
 func TestOpenLogCreatesStreamIdempotently(t *testing.T) {
 	ctx := context.Background()
-	log, js, _ := openLog(t, events.StreamConfig{DedupWindow: 5 * time.Minute})
+	log, js, _ := openLog(t, events.Config{DedupWindow: 5 * time.Minute})
 
 	s, err := js.Stream(ctx, "FEED_EVENTS")
 	require.NoError(t, err)
@@ -51,7 +65,7 @@ func TestOpenLogCreatesStreamIdempotently(t *testing.T) {
 	// A second start with a new window updates the stream and keeps its events.
 	_, err = log.AppendEvent(ctx, "e1", at, events.UserFollowed{FollowerID: 1, FolloweeID: 2})
 	require.NoError(t, err)
-	_, err = events.OpenLog(ctx, js, events.StreamConfig{DedupWindow: time.Hour}, nil)
+	_, err = events.OpenLog(ctx, js, events.Config{DedupWindow: time.Hour}, nil)
 	require.NoError(t, err)
 	info, err = s.Info(ctx)
 	require.NoError(t, err)
@@ -61,7 +75,7 @@ func TestOpenLogCreatesStreamIdempotently(t *testing.T) {
 
 func TestAppendSameIDIsStoredOnce(t *testing.T) {
 	ctx := context.Background()
-	log, _, _ := openLog(t, events.StreamConfig{})
+	log, _, _ := openLog(t, events.Config{})
 	ev := events.PostLiked{UserID: 7, PostID: 42}
 
 	first, err := log.AppendEvent(ctx, "like-7-42", at, ev)
@@ -90,7 +104,7 @@ func TestAppendSameIDIsStoredOnce(t *testing.T) {
 
 func TestReaderSkipsAndCountsUnknownTypes(t *testing.T) {
 	ctx := context.Background()
-	log, js, metrics := openLog(t, events.StreamConfig{})
+	log, js, metrics := openLog(t, events.Config{})
 
 	_, err := log.AppendEvent(ctx, "a", at, events.UserFollowed{FollowerID: 1, FolloweeID: 2})
 	require.NoError(t, err)
@@ -124,7 +138,7 @@ func TestReaderSkipsAndCountsUnknownTypes(t *testing.T) {
 
 func TestReadFiltersAndStopsAtEnd(t *testing.T) {
 	ctx := context.Background()
-	log, _, _ := openLog(t, events.StreamConfig{})
+	log, _, _ := openLog(t, events.Config{})
 
 	// An empty log ends at once.
 	require.NoError(t, log.Read(ctx, events.ReadOptions{StopAtEnd: true}, func(events.Record) error {
@@ -158,7 +172,7 @@ func TestReadFiltersAndStopsAtEnd(t *testing.T) {
 
 func TestConditionalAppendAndLast(t *testing.T) {
 	ctx := context.Background()
-	log, _, _ := openLog(t, events.StreamConfig{})
+	log, _, _ := openLog(t, events.Config{})
 
 	created := events.PostCreated{PostID: 10, UserID: 5, Caption: "hi", CreatedAt: at,
 		Media: []events.Media{{Key: "k", ContentType: "image/png", Width: 1, Height: 1, Size: 67}}}
@@ -183,19 +197,17 @@ func TestConditionalAppendAndLast(t *testing.T) {
 
 func TestAppendWhenLogUnavailable(t *testing.T) {
 	ctx := context.Background()
-	ns := localstack.NATSForTest(t)
-	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1))
+	ns := natsForTest(t)
+	log, err := events.OpenLog(ctx, ns.js, events.Config{}, nil)
 	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	log, err := events.OpenLog(ctx, js, events.StreamConfig{}, nil)
-	require.NoError(t, err)
+	t.Cleanup(log.Close)
 
-	ns.Shutdown()
+	ns.server.Shutdown()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	_, err = log.AppendEvent(ctx, "x", at, events.UserFollowed{FollowerID: 1, FolloweeID: 2})
+	assert.ErrorIs(t, err, domain.ErrUnavailable, "got %v", err)
+	_, err = log.AppendEvent(ctx, "y", at, events.PostDeleted{PostID: 1, UserID: 2}, events.ExpectSubjectSeq(0))
 	assert.ErrorIs(t, err, domain.ErrUnavailable, "got %v", err)
 }
 

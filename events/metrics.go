@@ -13,6 +13,7 @@ type Metrics struct {
 	appendErrors *prometheus.CounterVec
 	appendTime   prometheus.Histogram
 	unknownTypes prometheus.Counter
+	batchSize    prometheus.Histogram
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -35,8 +36,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "feed_events_unknown_types_total",
 			Help: "Events skipped by readers because their type is unknown to this build.",
 		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "feed_events_commit_batch_size",
+			Help:    "Events committed together by group commit (one write and sync each).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
 	}
-	reg.MustRegister(m.appends, m.appendErrors, m.appendTime, m.unknownTypes)
+	reg.MustRegister(m.appends, m.appendErrors, m.appendTime, m.unknownTypes, m.batchSize)
 	return m
 }
 
@@ -50,6 +56,12 @@ func (m *Metrics) observeAppend(typ string, start time.Time, err error) {
 	}
 	m.appends.WithLabelValues(typ).Inc()
 	m.appendTime.Observe(time.Since(start).Seconds())
+}
+
+func (m *Metrics) observeBatch(n int) {
+	if m != nil && n > 0 {
+		m.batchSize.Observe(float64(n))
+	}
 }
 
 func (m *Metrics) countUnknown() {

@@ -142,7 +142,7 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 		return nil, fmt.Errorf("ping postgres: %w", err)
 	}
 
-	in.log, err = events.OpenLog(ctx, in.js, events.StreamConfig{
+	in.log, err = events.OpenLog(ctx, in.js, events.Config{
 		Name:        cfg.StreamName,
 		Replicas:    cfg.Replicas,
 		DedupWindow: cfg.DedupWindow,
@@ -150,6 +150,7 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 	if err != nil {
 		return nil, err
 	}
+	in.closers = append(in.closers, in.log.Close)
 	return in, nil
 }
 

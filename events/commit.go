@@ -1,0 +1,219 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/feedproject/feed/domain"
+)
+
+// Headers of JetStream's atomic batch publish.
+const (
+	batchIDHeader     = "Nats-Batch-Id"
+	batchSeqHeader    = "Nats-Batch-Sequence"
+	batchCommitHeader = "Nats-Batch-Commit"
+)
+
+// commitTimeout bounds one batch's exchange with the server.
+const commitTimeout = 5 * time.Second
+
+// committer is group commit. Appends that arrive while a commit is under way
+// wait, and go together in the next one as a single atomic batch: the server
+// writes and syncs the batch once, so with sync always every acknowledged event
+// is on disk without a sync per event. One goroutine commits batches in turn,
+// which also keeps the appends of one caller in the order they were made.
+type committer struct {
+	js       jetstream.JetStream
+	maxBatch int
+	metrics  *Metrics
+
+	queue     chan *pendingAppend
+	stop      chan struct{}
+	stopped   chan struct{}
+	closeOnce sync.Once
+}
+
+type pendingAppend struct {
+	ctx  context.Context
+	msg  *nats.Msg
+	done chan appendResult
+}
+
+type appendResult struct {
+	res Appended
+	err error
+}
+
+func startCommitter(js jetstream.JetStream, maxBatch int, metrics *Metrics) *committer {
+	c := &committer{
+		js:       js,
+		maxBatch: max(maxBatch, 1),
+		metrics:  metrics,
+		queue:    make(chan *pendingAppend),
+		stop:     make(chan struct{}),
+		stopped:  make(chan struct{}),
+	}
+	go c.run()
+	return c
+}
+
+var errLogClosed = fmt.Errorf("event log is closing: %w", domain.ErrUnavailable)
+
+// append hands msg to the commit loop and waits for its outcome.
+func (c *committer) append(ctx context.Context, msg *nats.Msg) (Appended, error) {
+	p := &pendingAppend{ctx: ctx, msg: msg, done: make(chan appendResult, 1)}
+	select {
+	case c.queue <- p:
+	case <-ctx.Done():
+		return Appended{}, ctx.Err()
+	case <-c.stop:
+		return Appended{}, errLogClosed
+	}
+	// Once taken, the append is committed or failed by the loop, never dropped:
+	// waiting for its answer keeps a caller from reporting failure for an event
+	// that is then stored.
+	r := <-p.done
+	return r.res, r.err
+}
+
+func (c *committer) close() {
+	c.closeOnce.Do(func() { close(c.stop) })
+	<-c.stopped
+}
+
+func (c *committer) run() {
+	defer close(c.stopped)
+	for {
+		var first *pendingAppend
+		select {
+		case first = <-c.queue:
+		case <-c.stop:
+			return
+		}
+		batch := []*pendingAppend{first}
+	collect:
+		// Take whoever is already waiting; never wait for more.
+		for len(batch) < c.maxBatch {
+			select {
+			case p := <-c.queue:
+				batch = append(batch, p)
+			default:
+				break collect
+			}
+		}
+		c.commit(batch)
+	}
+}
+
+// commit stores a batch and answers each append in it.
+func (c *committer) commit(batch []*pendingAppend) {
+	live := batch[:0]
+	for _, p := range batch {
+		if err := p.ctx.Err(); err != nil {
+			p.done <- appendResult{err: err}
+			continue
+		}
+		live = append(live, p)
+	}
+	c.metrics.observeBatch(len(live))
+	switch len(live) {
+	case 0:
+		return
+	case 1:
+		res, err := publishOne(live[0].ctx, c.js, live[0].msg)
+		live[0].done <- appendResult{res: res, err: err}
+		return
+	}
+	first, err := c.publishBatch(live)
+	if err == nil {
+		for i, p := range live {
+			p.done <- appendResult{res: Appended{Seq: first + uint64(i)}}
+		}
+		return
+	}
+	// The batch failed as a whole: one of its events is a retry (the server
+	// refuses duplicates inside atomic batches), or the exchange broke. Each
+	// event then goes alone; their ids make that safe even if the batch was in
+	// fact stored, since the server answers those with the first sequence.
+	for _, p := range live {
+		res, err := publishOne(p.ctx, c.js, p.msg)
+		p.done <- appendResult{res: res, err: err}
+	}
+}
+
+// batchAck is the server's answer to a batch commit.
+type batchAck struct {
+	Stream string         `json:"stream"`
+	Seq    uint64         `json:"seq"`
+	Batch  string         `json:"batch"`
+	Count  int            `json:"count"`
+	Error  *batchAckError `json:"error,omitempty"`
+}
+
+type batchAckError struct {
+	Code        int    `json:"code"`
+	ErrCode     int    `json:"err_code"`
+	Description string `json:"description"`
+}
+
+var errBatchRefused = errors.New("atomic batch refused")
+
+// publishBatch publishes the events as one atomic batch and returns the sequence
+// of the first; an atomic batch is stored whole, in order, in consecutive
+// sequences, or not at all.
+func (c *committer) publishBatch(batch []*pendingAppend) (uint64, error) {
+	nc := c.js.Conn()
+	id := uuid.NewString()
+	for i, p := range batch {
+		m := nats.NewMsg(p.msg.Subject)
+		m.Data = p.msg.Data
+		for k, v := range p.msg.Header {
+			m.Header[k] = v
+		}
+		m.Header.Set(batchIDHeader, id)
+		m.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
+		if i < len(batch)-1 {
+			if err := nc.PublishMsg(m); err != nil {
+				return 0, fmt.Errorf("publish batch %s: %w", id, err)
+			}
+			continue
+		}
+		m.Header.Set(batchCommitHeader, "1")
+		ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+		resp, err := nc.RequestMsgWithContext(ctx, m)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("commit batch %s: %w", id, err)
+		}
+		var ack batchAck
+		if err := json.Unmarshal(resp.Data, &ack); err != nil {
+			return 0, fmt.Errorf("commit batch %s: bad answer %q: %w", id, resp.Data, err)
+		}
+		if ack.Error != nil {
+			return 0, fmt.Errorf("%w: %s (%d)", errBatchRefused, ack.Error.Description, ack.Error.ErrCode)
+		}
+		if ack.Count != len(batch) || ack.Seq < uint64(len(batch)) {
+			return 0, fmt.Errorf("commit batch %s: stored %d of %d events at %d", id, ack.Count, len(batch), ack.Seq)
+		}
+		return ack.Seq - uint64(len(batch)) + 1, nil
+	}
+	return 0, errors.New("empty batch")
+}
+
+// publishOne stores one event and waits for its acknowledgement.
+func publishOne(ctx context.Context, js jetstream.JetStream, msg *nats.Msg) (Appended, error) {
+	ack, err := js.PublishMsg(ctx, msg)
+	if err != nil {
+		return Appended{}, err
+	}
+	return Appended{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
