@@ -463,7 +463,7 @@ func TestEditRacingDelete(t *testing.T) {
 		} else {
 			assert.Equal(t, 0, deletes, "a 409 appended nothing: %v", life)
 		}
-		assert.Equal(t, 1+acceptedEdits+deletes, len(life), "every accepted command is in the log, nothing else: %v", life)
+		assert.Len(t, life, 1+acceptedEdits+deletes, "every accepted command is in the log, nothing else: %v", life)
 	}
 }
 

@@ -1,12 +1,18 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/domain"
+	feedhttp "github.com/feedproject/feed/http"
 )
 
 // TestREADMEDocumentsEveryVariable keeps the README's configuration table true.
@@ -31,4 +37,42 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, "always", cfg.NATSSync)
 	assert.Equal(t, []string{"api"}, cfg.Roles)
 	assert.Equal(t, 4222, cfg.NATSPort)
+}
+
+func TestTokenMintsAVerifiableToken(t *testing.T) {
+	var out, errOut strings.Builder
+	env := map[string]string{"FEED_JWT_SECRET": "a-secret-of-sixteen-bytes-or-more"}
+	getenv := func(k string) string { return env[k] }
+	require.NoError(t, run(context.Background(), []string{"token", "--user", "501", "--admin", "--ttl", "1h"}, getenv, &out, &errOut))
+	auth, err := feedhttp.NewAuthenticator(env["FEED_JWT_SECRET"], nil)
+	require.NoError(t, err)
+	p, err := auth.Authenticate(strings.TrimSpace(out.String()))
+	require.NoError(t, err)
+	assert.Equal(t, domain.UserID(501), p.UserID)
+	assert.True(t, p.Admin)
+	assert.Empty(t, errOut.String())
+
+	// Without a secret it signs with the one dev mode accepts, and says so.
+	out.Reset()
+	require.NoError(t, run(context.Background(), []string{"token", "--user", "7"}, func(string) string { return "" }, &out, &errOut))
+	auth, err = feedhttp.NewAuthenticator(devJWTSecret, nil)
+	require.NoError(t, err)
+	_, err = auth.Authenticate(strings.TrimSpace(out.String()))
+	require.NoError(t, err)
+	assert.Contains(t, errOut.String(), "development secret")
+
+	for _, args := range [][]string{{"token"}, {"token", "--user", "0"}, {"token", "--user", "x"}, {"token", "--user", "1", "--ttl", "-1h"}} {
+		err := run(context.Background(), args, getenv, io.Discard, io.Discard)
+		assert.ErrorIs(t, err, errUsage, "%v", args)
+	}
+}
+
+func TestServeRefusesWithoutASecret(t *testing.T) {
+	cfg, err := parseConfig(func(string) string { return "" })
+	require.NoError(t, err)
+	_, err = cfg.jwtSecret(false)
+	require.Error(t, err)
+	secret, err := cfg.jwtSecret(true)
+	require.NoError(t, err)
+	assert.Equal(t, devJWTSecret, secret)
 }

@@ -128,6 +128,20 @@ func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
 	assert.Contains(t, string(metrics), `feed_http_requests_total{method="GET",route="/readyz",status="200"} 1`)
 	assert.Contains(t, string(metrics), "go_goroutines")
 
+	// A command through the dev service, with a token from `feed token`.
+	var tok strings.Builder
+	require.NoError(t, run(context.Background(), []string{"token", "--user", "404"}, func(string) string { return "" }, &tok, io.Discard))
+	req, err := http.NewRequest(http.MethodPost, base+"/users/501/follow", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(tok.String()))
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var accepted map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&accepted))
+	resp.Body.Close()
+	assert.Equal(t, http.StatusAccepted, resp.StatusCode)
+	assert.Equal(t, "1", accepted["position"])
+
 	status, body = get(t, base+"/no/such/route")
 	assert.Equal(t, http.StatusNotFound, status)
 	assert.Equal(t, "not_found", body["error"].(map[string]any)["code"])
@@ -169,7 +183,7 @@ func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
 	require.NoError(t, err)
 	info, err := stream.Info(ctx)
 	require.NoError(t, err)
-	assert.EqualValues(t, 1, info.State.Msgs, "the stream keeps its events")
+	assert.EqualValues(t, 2, info.State.Msgs, "the stream keeps its events")
 	rdb = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", ports.redis)})
 	defer rdb.Close()
 	v, err := rdb.Get(ctx, "mark").Result()

@@ -142,10 +142,17 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 		return nil, fmt.Errorf("ping postgres: %w", err)
 	}
 
+	maxBatch := 0 // group commit
+	if cfg.NATSURL == "" && cfg.NATSSync != "always" {
+		// Without a sync per write there is nothing to share, and atomic batches
+		// cost the server more than single appends.
+		maxBatch = 1
+	}
 	in.log, err = events.OpenLog(ctx, in.js, events.Config{
 		Name:        cfg.StreamName,
 		Replicas:    cfg.Replicas,
 		DedupWindow: cfg.DedupWindow,
+		MaxBatch:    maxBatch,
 	}, events.NewMetrics(reg))
 	if err != nil {
 		return nil, err
