@@ -85,6 +85,8 @@ func TestLimits(t *testing.T) {
 	bad := map[string]error{
 		"caption over":     domain.ValidateCaption(long(2201)),
 		"caption bad utf8": domain.ValidateCaption("\xff"),
+		"caption with NUL": domain.ValidateCaption("a\x00b"),
+		"comment with NUL": domain.ValidateComment("a\x00b"),
 		"comment empty":    domain.ValidateComment(""),
 		"comment blank":    domain.ValidateComment("  \n"),
 		"comment over":     domain.ValidateComment(long(2201)),

@@ -26,7 +26,7 @@ func (id CommentID) String() string { return strconv.FormatInt(int64(id), 10) }
 // parseID parses a decimal id in [1, MaxID).
 func parseID(kind, s string) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 || n >= MaxID {
+	if err != nil || n <= 0 || n >= MaxID || s[0] == '+' {
 		return 0, fmt.Errorf("%s id %q is not a positive integer below 2^53: %w", kind, s, ErrInvalid)
 	}
 	return n, nil

@@ -15,7 +15,7 @@ func TestParseIDs(t *testing.T) {
 			t.Errorf("ParsePostID(%q) = %d, %v; want %d", s, got, err, want)
 		}
 	}
-	for _, s := range []string{"", "0", "-1", "9007199254740992", "1.5", "abc", " 1", "0x10", "99999999999999999999"} {
+	for _, s := range []string{"", "0", "-1", "9007199254740992", "1.5", "abc", " 1", "0x10", "99999999999999999999", "+1"} {
 		if _, err := domain.ParseUserID(s); !errors.Is(err, domain.ErrInvalid) {
 			t.Errorf("ParseUserID(%q) error = %v; want ErrInvalid", s, err)
 		}

@@ -20,8 +20,8 @@ const (
 // ValidateCaption checks a post caption: valid UTF-8 of at most MaxCaptionChars
 // characters (code points); empty is allowed.
 func ValidateCaption(s string) error {
-	if !utf8.ValidString(s) {
-		return fmt.Errorf("caption is not valid UTF-8: %w", ErrInvalid)
+	if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
+		return fmt.Errorf("caption is not valid UTF-8 text: %w", ErrInvalid)
 	}
 	if n := utf8.RuneCountInString(s); n > MaxCaptionChars {
 		return fmt.Errorf("caption has %d characters; the limit is %d: %w", n, MaxCaptionChars, ErrInvalid)
@@ -32,8 +32,8 @@ func ValidateCaption(s string) error {
 // ValidateComment checks a comment's text: valid UTF-8, not blank, at most
 // MaxCommentChars characters.
 func ValidateComment(s string) error {
-	if !utf8.ValidString(s) {
-		return fmt.Errorf("comment text is not valid UTF-8: %w", ErrInvalid)
+	if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
+		return fmt.Errorf("comment text is not valid UTF-8 text: %w", ErrInvalid)
 	}
 	if strings.TrimSpace(s) == "" {
 		return fmt.Errorf("comment text is empty: %w", ErrInvalid)

@@ -101,6 +101,16 @@ func (l *Log) Read(ctx context.Context, opts ReadOptions, fn func(Record) error)
 	}
 }
 
+// DecodeMsg turns a message of a consumer of the log into a record; an unknown
+// type is counted and comes back with a nil Event.
+func (l *Log) DecodeMsg(msg jetstream.Msg) (Record, error) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return Record{}, fmt.Errorf("message metadata: %w", err)
+	}
+	return l.decode(msg.Data(), meta.Sequence.Stream, msg.Subject())
+}
+
 // decode turns a stored message into a record; unknown types are counted and come
 // back with a nil Event, undecodable bodies are errors.
 func (l *Log) decode(data []byte, seq uint64, subject string) (Record, error) {

@@ -188,8 +188,13 @@ func (h *commands) readPostForm(c *fiber.Ctx) (string, []media.Image, error) {
 			if len(images) == domain.MaxImages {
 				return "", nil, domain.ValidateImageCount(domain.MaxImages + 1)
 			}
-			img, err := h.media.Save(c.UserContext(), part, domain.MaxImageBytes)
+			src := &readErrors{r: part}
+			img, err := h.media.Save(c.UserContext(), src, domain.MaxImageBytes)
 			if err != nil {
+				if src.err != nil && !errors.Is(err, domain.ErrTooLarge) {
+					// The client's body broke off or is malformed, not the store.
+					err = fmt.Errorf("malformed multipart body: %v: %w", src.err, domain.ErrInvalid)
+				}
 				return "", nil, bodyError(body, fmt.Errorf("image %d: %w", len(images)+1, err))
 			}
 			images = append(images, img)
@@ -202,6 +207,21 @@ func (h *commands) readPostForm(c *fiber.Ctx) (string, []media.Image, error) {
 		return "", nil, err
 	}
 	return caption, images, nil
+}
+
+// readErrors remembers the error its reader returned, other than io.EOF, so a
+// failure of the request body can be told from one of the media store.
+type readErrors struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErrors) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		r.err = err
+	}
+	return n, err
 }
 
 // limitedBody reads a request body, counting, up to a limit.

@@ -1,0 +1,320 @@
+package projections
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+)
+
+// Projector builds one read model from the log.
+type Projector interface {
+	// Name is constant for the life of the deployment: it names the projector's
+	// durable consumer, checkpoint, metrics and dead letters.
+	Name() string
+	// Checkpoint is the sequence of the last event applied (0: none).
+	Checkpoint(ctx context.Context) (uint64, error)
+	// Apply applies a batch in log order, exactly once in effect: events at or
+	// below the checkpoint change nothing, and the checkpoint moves to the last
+	// event atomically with the changes. Records with a nil Event (unknown or
+	// dead-lettered) change nothing but the checkpoint. An error caused by one
+	// event is an *EventError.
+	Apply(ctx context.Context, batch []events.Record) error
+}
+
+// EventError is a failure caused by one event rather than by the projector's
+// store; an event that keeps failing is dead-lettered.
+type EventError struct {
+	Seq uint64
+	Err error
+}
+
+func (e *EventError) Error() string { return fmt.Sprintf("event %d: %v", e.Seq, e.Err) }
+func (e *EventError) Unwrap() error { return e.Err }
+
+// RunnerConfig holds a runner's optional knobs; the zero value works.
+type RunnerConfig struct {
+	// BatchSize is the most events applied together; default 500.
+	BatchSize int
+	// FetchWait is how long a fetch waits for events when caught up; default 1s.
+	FetchWait time.Duration
+	// MaxAttempts is how often one event may fail before it is dead-lettered;
+	// default 3.
+	MaxAttempts int
+	// MaxBackoff caps the wait between attempts after a failure; default 5s.
+	MaxBackoff time.Duration
+}
+
+func (c RunnerConfig) withDefaults() RunnerConfig {
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
+	}
+	if c.FetchWait == 0 {
+		c.FetchWait = time.Second
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 3
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 5 * time.Second
+	}
+	return c
+}
+
+// DeadLetterStream holds the events projectors gave up on, with their errors,
+// on subjects deadletter.<projector>.<seq>.
+const DeadLetterStream = "FEED_DEADLETTER"
+
+// ConsumerName is the durable consumer of a projector.
+func ConsumerName(projector string) string { return "projector-" + projector }
+
+// Runner feeds one projector from the log.
+type Runner struct {
+	log     *events.Log
+	p       Projector
+	cfg     RunnerConfig
+	metrics *Metrics
+	logger  *slog.Logger
+
+	position atomic.Uint64
+	running  atomic.Bool
+	// attempts counts failures per event sequence; skip holds the events
+	// dead-lettered by this process, applied as no-ops.
+	attempts map[uint64]int
+	skip     map[uint64]bool
+}
+
+// NewRunner returns a runner of p over log.
+func NewRunner(log *events.Log, p Projector, cfg RunnerConfig, metrics *Metrics, logger *slog.Logger) *Runner {
+	return &Runner{
+		log:      log,
+		p:        p,
+		cfg:      cfg.withDefaults(),
+		metrics:  metrics,
+		logger:   logger.With("projector", p.Name()),
+		attempts: map[uint64]int{},
+		skip:     map[uint64]bool{},
+	}
+}
+
+// Position is the last sequence this runner applied (or found checkpointed).
+func (r *Runner) Position() uint64 { return r.position.Load() }
+
+// Running reports whether the runner is consuming (for readiness).
+func (r *Runner) Running() bool { return r.running.Load() }
+
+// Run applies the log to the projector until ctx ends. Every failure rewinds to
+// the checkpoint: the consumer is recreated at checkpoint+1, so no event is ever
+// skipped by a later one overtaking it.
+func (r *Runner) Run(ctx context.Context) error {
+	defer r.running.Store(false)
+	if err := r.ensureDeadLetterStream(ctx); err != nil {
+		return err
+	}
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := r.consume(ctx)
+		r.running.Store(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		r.logger.Warn("projector rewinds to its checkpoint", "err", err, "after", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return nil
+		}
+		backoff = min(backoff*2, r.cfg.MaxBackoff)
+		if !errors.Is(err, domain.ErrUnavailable) {
+			// An event failure is retried at once after the rewind; the wait
+			// grows only while a dependency stays down.
+			backoff = 50 * time.Millisecond
+		}
+	}
+	return nil
+}
+
+// consume runs from the checkpoint until an error.
+func (r *Runner) consume(ctx context.Context) error {
+	cp, err := r.p.Checkpoint(ctx)
+	if err != nil {
+		return fmt.Errorf("read checkpoint: %w", err)
+	}
+	r.position.Store(cp)
+	r.metrics.position(r.p.Name(), cp)
+	cons, err := r.consumerAt(ctx, cp+1)
+	if err != nil {
+		return err
+	}
+	r.running.Store(true)
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(r.cfg.BatchSize, jetstream.FetchMaxWait(r.cfg.FetchWait))
+		if err != nil {
+			return fmt.Errorf("fetch: %w", classifyNATS(err))
+		}
+		var (
+			records []events.Record
+			last    jetstream.Msg
+			pending uint64
+		)
+		for msg := range batch.Messages() {
+			rec, err := r.log.DecodeMsg(msg)
+			if err != nil {
+				// A body that is not an envelope at all is a poison event too.
+				meta, merr := msg.Metadata()
+				if merr != nil {
+					return fmt.Errorf("decode: %w", err)
+				}
+				rec = events.Record{Seq: meta.Sequence.Stream, Subject: msg.Subject()}
+				rec.Type = "undecodable"
+				if !r.skip[rec.Seq] {
+					r.deadLetter(ctx, rec, msg.Data(), err)
+				}
+			}
+			if meta, err := msg.Metadata(); err == nil {
+				pending = meta.NumPending
+			}
+			if rec.Seq <= cp {
+				continue
+			}
+			if r.skip[rec.Seq] {
+				rec.Event = nil
+			}
+			records = append(records, rec)
+			last = msg
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("fetch: %w", classifyNATS(err))
+		}
+		r.metrics.lag(r.p.Name(), pending)
+		if len(records) == 0 {
+			continue
+		}
+		start := time.Now()
+		if err := r.p.Apply(ctx, records); err != nil {
+			r.failed(ctx, records, err)
+			return fmt.Errorf("apply %d..%d: %w", records[0].Seq, records[len(records)-1].Seq, err)
+		}
+		cp = records[len(records)-1].Seq
+		r.position.Store(cp)
+		r.metrics.applied(r.p.Name(), len(records), cp, time.Since(start))
+		// The checkpoint is committed; the ack only spares the server redelivery
+		// bookkeeping (a lost ack changes nothing: the next start is at cp+1).
+		_ = last.Ack()
+	}
+	return nil
+}
+
+// failed counts a failure against the event that caused it and dead-letters
+// that event once it has failed MaxAttempts times.
+func (r *Runner) failed(ctx context.Context, batch []events.Record, err error) {
+	var ee *EventError
+	if !errors.As(err, &ee) {
+		r.metrics.failure(r.p.Name(), "store")
+		return
+	}
+	r.metrics.failure(r.p.Name(), "event")
+	r.attempts[ee.Seq]++
+	if r.attempts[ee.Seq] < r.cfg.MaxAttempts {
+		return
+	}
+	for _, rec := range batch {
+		if rec.Seq == ee.Seq {
+			data, _ := json.Marshal(rec.Envelope)
+			r.deadLetter(ctx, rec, data, ee.Err)
+			return
+		}
+	}
+}
+
+// deadLetter records an event the projector gives up on, with its error, and
+// makes the projector apply it as a no-op from now on.
+func (r *Runner) deadLetter(ctx context.Context, rec events.Record, data []byte, cause error) {
+	r.skip[rec.Seq] = true
+	delete(r.attempts, rec.Seq)
+	r.metrics.deadLettered(r.p.Name())
+	r.logger.Error("event dead-lettered", "seq", rec.Seq, "subject", rec.Subject, "type", rec.Type, "err", cause)
+	body, _ := json.Marshal(struct {
+		Projector string          `json:"projector"`
+		Seq       uint64          `json:"seq"`
+		Subject   string          `json:"subject"`
+		Type      string          `json:"type"`
+		Error     string          `json:"error"`
+		Event     json.RawMessage `json:"event"`
+	}{r.p.Name(), rec.Seq, rec.Subject, rec.Type, cause.Error(), jsonOrString(data)})
+	msg := nats.NewMsg(fmt.Sprintf("deadletter.%s.%d", r.p.Name(), rec.Seq))
+	msg.Data = body
+	msg.Header.Set(jetstream.MsgIDHeader, r.p.Name()+"-"+strconv.FormatUint(rec.Seq, 10))
+	if _, err := r.log.JetStream().PublishMsg(ctx, msg); err != nil {
+		// The count and the log line above still tell the operator.
+		r.logger.Error("store dead letter", "seq", rec.Seq, "err", err)
+	}
+}
+
+func jsonOrString(data []byte) json.RawMessage {
+	if json.Valid(data) {
+		return data
+	}
+	s, _ := json.Marshal(string(data))
+	return s
+}
+
+func (r *Runner) ensureDeadLetterStream(ctx context.Context) error {
+	_, err := r.log.JetStream().CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        DeadLetterStream,
+		Description: "Events projectors gave up on, with the error (see the README).",
+		Subjects:    []string{"deadletter.>"},
+		Storage:     jetstream.FileStorage,
+		Duplicates:  time.Hour,
+	})
+	if err != nil {
+		return fmt.Errorf("dead-letter stream: %w", classifyNATS(err))
+	}
+	return nil
+}
+
+// consumerAt (re)creates the projector's durable consumer so that it delivers
+// from seq on. The checkpoint, not the consumer's own state, is the truth:
+// recreating it is how a projector rewinds.
+func (r *Runner) consumerAt(ctx context.Context, seq uint64) (jetstream.Consumer, error) {
+	js, stream, name := r.log.JetStream(), r.log.Stream(), ConsumerName(r.p.Name())
+	if err := js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("reset consumer %s: %w", name, classifyNATS(err))
+	}
+	cons, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "Projector " + r.p.Name() + "; recreated at its checkpoint+1 on every start and failure.",
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   seq,
+		AckPolicy:     jetstream.AckAllPolicy,
+		AckWait:       5 * time.Minute,
+		MaxAckPending: -1,
+		FilterSubject: events.AllSubjects,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s at %d: %w", name, seq, classifyNATS(err))
+	}
+	return cons, nil
+}
+
+// classifyNATS marks connection-level failures as domain.ErrUnavailable.
+func classifyNATS(err error) error {
+	switch {
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, jetstream.ErrNoHeartbeat):
+		return fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
+	}
+	return err
+}
