@@ -36,6 +36,9 @@ type Config struct {
 	// BodyLimit is how many body bytes are buffered before a handler streams the
 	// rest; each route enforces its own limit on the whole; default 64 KiB.
 	BodyLimit int
+	// ConsistencyWait bounds how long a read waits for its projection to reach
+	// the request's X-Min-Position; default 2s.
+	ConsistencyWait time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -44,6 +47,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BodyLimit == 0 {
 		c.BodyLimit = 64 << 10
+	}
+	if c.ConsistencyWait == 0 {
+		c.ConsistencyWait = 2 * time.Second
 	}
 	return c
 }
@@ -60,6 +66,8 @@ type Deps struct {
 	Media  media.Store
 	Auth   *Authenticator
 	IDs    *domain.IDGenerator
+	// ReadModel answers the read routes; while it is nil they answer 503.
+	ReadModel ReadModel
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -112,6 +120,7 @@ func NewServer(deps Deps, cfg Config) *Server {
 	s.app.Delete("/posts/:id/like", auth, cmd.unlike)
 	s.app.Post("/posts/:id/comments", auth, cmd.comment)
 	s.app.Get("/media/:key", cmd.serveMedia)
+	registerReads(s.app, deps, cfg)
 	return s
 }
 

@@ -44,7 +44,9 @@ func (e *EventError) Unwrap() error { return e.Err }
 
 // RunnerConfig holds a runner's optional knobs; the zero value works.
 type RunnerConfig struct {
-	// BatchSize is the most events applied together; default 500.
+	// BatchSize is the most events applied together; default 2000. Batches are
+	// as large as the backlog allows, never waited for, so a large size costs
+	// live events no latency and makes replays fast.
 	BatchSize int
 	// FetchWait is how long a fetch waits for events when caught up; default 1s.
 	FetchWait time.Duration
@@ -57,7 +59,7 @@ type RunnerConfig struct {
 
 func (c RunnerConfig) withDefaults() RunnerConfig {
 	if c.BatchSize == 0 {
-		c.BatchSize = 500
+		c.BatchSize = 2000
 	}
 	if c.FetchWait == 0 {
 		c.FetchWait = time.Second
@@ -106,6 +108,9 @@ func NewRunner(log *events.Log, p Projector, cfg RunnerConfig, metrics *Metrics,
 		skip:     map[uint64]bool{},
 	}
 }
+
+// Name is the projector's name.
+func (r *Runner) Name() string { return r.p.Name() }
 
 // Position is the last sequence this runner applied (or found checkpointed).
 func (r *Runner) Position() uint64 { return r.position.Load() }
@@ -157,51 +162,45 @@ func (r *Runner) consume(ctx context.Context) error {
 		return err
 	}
 	r.running.Store(true)
+
+	// The next batch is fetched and decoded while this one is applied.
+	fetchCtx, stopFetching := context.WithCancel(ctx)
+	defer stopFetching()
+	batches := make(chan fetched, 1)
+	go r.fetch(fetchCtx, cons, batches)
+
 	for ctx.Err() == nil {
-		batch, err := cons.Fetch(r.cfg.BatchSize, jetstream.FetchMaxWait(r.cfg.FetchWait))
-		if err != nil {
-			return fmt.Errorf("fetch: %w", classifyNATS(err))
+		var f fetched
+		select {
+		case f = <-batches:
+		case <-ctx.Done():
+			return nil
 		}
-		var (
-			records []events.Record
-			last    jetstream.Msg
-			pending uint64
-		)
-		for msg := range batch.Messages() {
-			rec, err := r.log.DecodeMsg(msg)
-			if err != nil {
-				// A body that is not an envelope at all is a poison event too.
-				meta, merr := msg.Metadata()
-				if merr != nil {
-					return fmt.Errorf("decode: %w", err)
-				}
-				rec = events.Record{Seq: meta.Sequence.Stream, Subject: msg.Subject()}
-				rec.Type = "undecodable"
-				if !r.skip[rec.Seq] {
-					r.deadLetter(ctx, rec, msg.Data(), err)
-				}
-			}
-			if meta, err := msg.Metadata(); err == nil {
-				pending = meta.NumPending
-			}
+		if f.err != nil {
+			return f.err
+		}
+		r.metrics.lag(r.p.Name(), f.pending)
+		records := f.records[:0]
+		for i, rec := range f.records {
 			if rec.Seq <= cp {
 				continue
+			}
+			if f.undecodable[i] != nil && !r.skip[rec.Seq] {
+				// A body that is not an envelope at all is a poison event too.
+				r.deadLetter(ctx, rec, f.raw[i], f.undecodable[i])
 			}
 			if r.skip[rec.Seq] {
 				rec.Event = nil
 			}
 			records = append(records, rec)
-			last = msg
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return fmt.Errorf("fetch: %w", classifyNATS(err))
-		}
-		r.metrics.lag(r.p.Name(), pending)
 		if len(records) == 0 {
 			continue
 		}
 		start := time.Now()
-		if err := r.p.Apply(ctx, records); err != nil {
+		// A batch that started is finished even when shutdown begins meanwhile:
+		// shutdown waits for it rather than throw the work away.
+		if err := r.p.Apply(context.WithoutCancel(ctx), records); err != nil {
 			r.failed(ctx, records, err)
 			return fmt.Errorf("apply %d..%d: %w", records[0].Seq, records[len(records)-1].Seq, err)
 		}
@@ -210,9 +209,90 @@ func (r *Runner) consume(ctx context.Context) error {
 		r.metrics.applied(r.p.Name(), len(records), cp, time.Since(start))
 		// The checkpoint is committed; the ack only spares the server redelivery
 		// bookkeeping (a lost ack changes nothing: the next start is at cp+1).
-		_ = last.Ack()
+		_ = f.last.Ack()
 	}
 	return nil
+}
+
+// pull fetches up to n events into f: those already available when wait is 0,
+// else waiting up to wait for them.
+func (r *Runner) pull(cons jetstream.Consumer, n int, wait time.Duration, f *fetched) error {
+	var (
+		batch jetstream.MessageBatch
+		err   error
+	)
+	if wait == 0 {
+		batch, err = cons.FetchNoWait(n)
+	} else {
+		batch, err = cons.Fetch(n, jetstream.FetchMaxWait(wait))
+	}
+	if err != nil {
+		return fmt.Errorf("fetch: %w", classifyNATS(err))
+	}
+	for msg := range batch.Messages() {
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("message metadata: %w", err)
+		}
+		rec, err := r.log.DecodeMsg(msg)
+		if err != nil {
+			rec = events.Record{Seq: meta.Sequence.Stream, Subject: msg.Subject()}
+			rec.Type = "undecodable"
+		}
+		f.records = append(f.records, rec)
+		f.undecodable = append(f.undecodable, err)
+		f.raw = append(f.raw, msg.Data())
+		f.last, f.pending = msg, meta.NumPending
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+		return fmt.Errorf("fetch: %w", classifyNATS(err))
+	}
+	return nil
+}
+
+// fetched is one batch as read from the consumer.
+type fetched struct {
+	records []events.Record
+	// undecodable holds the decode error of records whose body is not an
+	// envelope (their Event is nil), with the raw body beside it.
+	undecodable []error
+	raw         [][]byte
+	last        jetstream.Msg
+	pending     uint64
+	err         error
+}
+
+// fetch reads batches in order and hands them over until ctx ends or a fetch
+// fails (the failure is handed over too, and ends the loop).
+func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- fetched) {
+	send := func(f fetched) bool {
+		select {
+		case out <- f:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for ctx.Err() == nil {
+		var f fetched
+		// Take what is there without waiting; when caught up, wait for the next
+		// event alone and then sweep up whatever came with it. A full-size fetch
+		// would instead hold a trickle of live events until the batch filled.
+		err := r.pull(cons, r.cfg.BatchSize, 0, &f)
+		if err == nil && len(f.records) == 0 {
+			err = r.pull(cons, 1, r.cfg.FetchWait, &f)
+			if err == nil && len(f.records) > 0 && r.cfg.BatchSize > 1 {
+				err = r.pull(cons, r.cfg.BatchSize-1, 0, &f)
+			}
+		}
+		if err != nil {
+			send(fetched{err: err})
+			return
+		}
+		if len(f.records) > 0 && !send(f) {
+			return
+		}
+	}
 }
 
 // failed counts a failure against the event that caused it and dead-letters

@@ -55,10 +55,14 @@ func (c config) jwtSecret(dev bool) (string, error) {
 	}
 }
 
-// roleAPI serves HTTP. Projector roles join this list as they are built.
-const roleAPI = "api"
+// The roles a process can run. Every process serves /healthz, /readyz and
+// /metrics; roleAPI adds the contract's routes.
+const (
+	roleAPI       = "api"
+	roleReadModel = "readmodel" // the Postgres read model projector
+)
 
-var knownRoles = []string{roleAPI}
+var knownRoles = []string{roleAPI, roleReadModel}
 
 // variable is one documented environment variable.
 type variable struct {
@@ -70,7 +74,7 @@ var variables = []variable{
 	{"FEED_HTTP_ADDR", ":8080", "HTTP listen address."},
 	{"FEED_DATA_DIR", ".data", "Data directory: embedded NATS store, media, and in dev mode Redis and Postgres data."},
 	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 16 bytes; required by `serve`. `dev` and `token` use a fixed development secret when it is unset."},
-	{"FEED_ROLES", "api", "Comma-separated roles this process runs (`--roles` overrides)."},
+	{"FEED_ROLES", "api,readmodel", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector). Run each projector role in one process at a time."},
 	{"FEED_NODE_ID", "0", "This process's node number in post and comment ids, 0–255: unique per API replica."},
 	{"FEED_LOG_LEVEL", "info", "debug, info, warn or error."},
 	{"FEED_LOG_FORMAT", "text", "text or json."},

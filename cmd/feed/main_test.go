@@ -96,6 +96,19 @@ func startDev(t *testing.T, dir string, ports devPorts) (string, func() error) {
 	return base, stop
 }
 
+// waitReady polls /readyz until it answers 200: the projectors start
+// consuming a moment after the HTTP port opens, and readiness says so.
+func waitReady(t *testing.T, base string) map[string]any {
+	t.Helper()
+	var body map[string]any
+	require.Eventually(t, func() bool {
+		var status int
+		status, body = get(t, base+"/readyz")
+		return status == http.StatusOK
+	}, 60*time.Second, 50*time.Millisecond, "readyz: %v", body)
+	return body
+}
+
 func get(t *testing.T, url string) (int, map[string]any) {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -114,10 +127,9 @@ func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
 
 	ports := devPorts{nats: freePort(t), redis: freePort(t), postgres: freePort(t)}
 	base, stop := startDev(t, dir, ports)
-	status, body := get(t, base+"/readyz")
-	require.Equal(t, http.StatusOK, status, "readyz: %v", body)
-	assert.Equal(t, map[string]any{"log": "ok", "redis": "ok", "postgres": "ok"}, body["checks"])
-	status, _ = get(t, base+"/healthz")
+	body := waitReady(t, base)
+	assert.Equal(t, map[string]any{"log": "ok", "redis": "ok", "postgres": "ok", "projector:readmodel": "ok"}, body["checks"])
+	status, _ := get(t, base+"/healthz")
 	assert.Equal(t, http.StatusOK, status)
 
 	resp, err := http.Get(base + "/metrics")
@@ -141,6 +153,19 @@ func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusAccepted, resp.StatusCode)
 	assert.Equal(t, "1", accepted["position"])
+
+	// Read your own write: the read waits for the read model projector.
+	req, err = http.NewRequest(http.MethodGet, base+"/users/501/followers", nil)
+	require.NoError(t, err)
+	req.Header.Set("X-Min-Position", "1")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var followers map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&followers))
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "1", resp.Header.Get("X-Position"))
+	assert.Equal(t, []any{"404"}, followers["users"])
 
 	status, body = get(t, base+"/no/such/route")
 	assert.Equal(t, http.StatusNotFound, status)
@@ -172,8 +197,7 @@ func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
 	require.NoError(t, stop())
 
 	base, stop = startDev(t, dir, ports)
-	status, _ = get(t, base+"/readyz")
-	require.Equal(t, http.StatusOK, status)
+	waitReady(t, base)
 	nc, err = nats.Connect(natsURL)
 	require.NoError(t, err)
 	defer nc.Close()

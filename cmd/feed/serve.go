@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,6 +25,8 @@ import (
 	feedhttp "github.com/feedproject/feed/http"
 	"github.com/feedproject/feed/http/media"
 	"github.com/feedproject/feed/migrations"
+	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/readmodel"
 )
 
 // infra is the connected dependencies of one process and how to let go of them.
@@ -209,6 +212,20 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		{Name: "redis", Probe: func(ctx context.Context) error { return in.redis.Ping(ctx).Err() }},
 		{Name: "postgres", Probe: in.pg.Ping},
 	}
+	projMetrics := projections.NewMetrics(reg)
+	var runners []*projections.Runner
+	if slices.Contains(cfg.Roles, roleReadModel) {
+		runners = append(runners, projections.NewRunner(in.log, readmodel.NewProjector(in.pg, projMetrics),
+			projections.RunnerConfig{}, projMetrics, logger))
+	}
+	for _, r := range runners {
+		checks = append(checks, feedhttp.Check{Name: "projector:" + r.Name(), Probe: func(context.Context) error {
+			if !r.Running() {
+				return fmt.Errorf("projector not consuming: %w", domain.ErrUnavailable)
+			}
+			return nil
+		}})
+	}
 	srv := feedhttp.NewServer(feedhttp.Deps{
 		Logger:     logger,
 		Registerer: reg,
@@ -218,7 +235,8 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		Media:      store,
 		Auth:       auth,
 		IDs:        ids,
-	}, feedhttp.Config{})
+		ReadModel:  readmodel.NewStore(in.pg),
+	}, feedhttp.Config{ConsistencyWait: cfg.ConsistencyWait})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -231,8 +249,15 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(ln) })
+	// Projectors stop after the API has drained, each finishing its batch.
+	projCtx, stopProjectors := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopProjectors()
+	for _, r := range runners {
+		g.Go(func() error { return r.Run(projCtx) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
+		defer stopProjectors()
 		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 		defer cancel()
 		logger.Info("shutting down")

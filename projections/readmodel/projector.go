@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,8 +49,18 @@ func (p *Projector) Checkpoint(ctx context.Context) (uint64, error) {
 	return uint64(pos), nil
 }
 
-// Apply implements projections.Projector.
+// Apply implements projections.Projector. A batch is applied as a few
+// set-based statements (see plan); if one of them fails on the data, the batch
+// is applied again event by event, which names the event at fault.
 func (p *Projector) Apply(ctx context.Context, batch []events.Record) error {
+	err := p.apply(ctx, batch, true)
+	if isDataError(err) {
+		return p.apply(ctx, batch, false)
+	}
+	return err
+}
+
+func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool) error {
 	tx, err := p.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", pgFailure(err))
@@ -88,11 +97,16 @@ func (p *Projector) Apply(ctx context.Context, batch []events.Record) error {
 
 	var (
 		b     pgx.Batch
-		owner []uint64 // the event of each queued statement
+		owner []uint64 // the event of each queued statement, 0 for several
 	)
-	for _, rec := range records {
-		if queue(&b, rec, merged.Restarted[rec.Seq], merged.Since[rec.Seq]) {
-			owner = append(owner, rec.Seq)
+	if bulk {
+		reduce(records, merged).queueBulk(&b)
+		owner = make([]uint64, b.Len())
+	} else {
+		for _, rec := range records {
+			if queue(&b, rec, merged.Restarted[rec.Seq], merged.Since[rec.Seq]) {
+				owner = append(owner, rec.Seq)
+			}
 		}
 	}
 	b.Queue(`UPDATE projector_checkpoints SET position = $2, updated_at = now() WHERE projector = $1`,
@@ -183,12 +197,12 @@ const (
 	SELECT p.id, m.ord - 1, m.media_key, m.content_type, m.width, m.height, m.size
 	FROM p, unnest($5::text[], $6::text[], $7::int[], $8::int[], $9::bigint[])
 		WITH ORDINALITY AS m(media_key, content_type, width, height, size, ord)`
-	editPost = `UPDATE posts SET caption = $2, edited_at = $3 WHERE id = $1 AND deleted_at IS NULL`
+	editPost   = `UPDATE posts SET caption = $2, edited_at = $3 WHERE id = $1 AND deleted_at IS NULL`
 	deletePost = `UPDATE posts SET deleted_at = $2 WHERE id = $1 AND deleted_at IS NULL`
 	// A follow after an unfollow in the same batch restarts the relation (new
 	// time); otherwise following again keeps the original time.
-	follow        = `INSERT INTO follows (follower_id, followee_id, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`
-	refollow      = `INSERT INTO follows (follower_id, followee_id, created_at) VALUES ($1, $2, $3)
+	follow   = `INSERT INTO follows (follower_id, followee_id, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`
+	refollow = `INSERT INTO follows (follower_id, followee_id, created_at) VALUES ($1, $2, $3)
 		ON CONFLICT (follower_id, followee_id) DO UPDATE SET created_at = EXCLUDED.created_at`
 	unfollow = `DELETE FROM follows WHERE follower_id = $1 AND followee_id = $2`
 	like     = `WITH l AS (
@@ -259,15 +273,10 @@ func isDataError(err error) bool {
 	return false
 }
 
-// pgFailure marks failures to reach Postgres as domain.ErrUnavailable.
+// pgFailure marks failures to reach Postgres as domain.ErrUnavailable (see
+// unreachable), keeping the original in the chain.
 func pgFailure(err error) error {
-	var netErr net.Error
-	var connErr *pgconn.ConnectError
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &connErr), errors.As(err, &netErr), errors.Is(err, context.DeadlineExceeded),
-		pgconn.SafeToRetry(err),
-		errors.As(err, &pgErr) && (pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57"):
+	if unreachable(err) {
 		return fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
 	}
 	return err

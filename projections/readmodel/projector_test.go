@@ -102,7 +102,7 @@ func TestProjectorGivenWhenThen(t *testing.T) {
 			given: []events.Event{created(p1, 5)},
 			then: map[string]string{
 				`SELECT user_id, caption, like_count, comment_count, edited_at IS NULL, deleted_at IS NULL FROM posts`: "[5 post 1073741824 0 0 true true]",
-				`SELECT position, content_type, width FROM post_media ORDER BY position`:                             "[0 image/png 10] [1 image/jpeg 30]",
+				`SELECT position, content_type, width FROM post_media ORDER BY position`:                               "[0 image/png 10] [1 image/jpeg 30]",
 			},
 		},
 		{
@@ -144,7 +144,7 @@ func TestProjectorGivenWhenThen(t *testing.T) {
 			name:  "comments are kept and counted",
 			given: []events.Event{created(p1, 5), events.CommentAdded{CommentID: 100, PostID: p1, UserID: 6, Text: "nice", CreatedAt: t0}},
 			then: map[string]string{
-				`SELECT comment_count FROM posts`:                  "[1]",
+				`SELECT comment_count FROM posts`:                 "[1]",
 				`SELECT id, post_id, user_id, text FROM comments`: fmt.Sprintf("[100 %d 6 nice]", p1),
 			},
 		},
@@ -507,6 +507,30 @@ func runUntilWithMetrics(t *testing.T, log *events.Log, p projections.Projector,
 	head, err := log.Head(ctx)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return r.Position() >= head }, 30*time.Second, 20*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestLiveEventsAreNotHeldForABatch: a caught-up projector applies a single new
+// event promptly, rather than waiting for a full batch or the fetch wait.
+func TestLiveEventsAreNotHeldForABatch(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := pjDatabase(t, localstack.PostgresForTest(t), "live")
+	log := pjLog(t)
+	r := projections.NewRunner(log, readmodel.NewProjector(pool, nil),
+		projections.RunnerConfig{BatchSize: 1000, FetchWait: 5 * time.Second}, nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, r.Running, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // caught up and waiting
+	for i := range 3 {
+		res, err := log.AppendEvent(ctx, fmt.Sprintf("live-%d", i), t0, events.UserFollowed{FollowerID: domain.UserID(i + 1), FolloweeID: 99})
+		require.NoError(t, err)
+		start := time.Now()
+		require.Eventually(t, func() bool { return r.Position() >= res.Seq }, 5*time.Second, time.Millisecond)
+		assert.Less(t, time.Since(start), time.Second, "event %d waited for a batch", i)
+	}
 	cancel()
 	require.NoError(t, <-done)
 }

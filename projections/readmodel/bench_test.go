@@ -1,0 +1,169 @@
+package readmodel_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/readmodel"
+)
+
+// BenchmarkReplay measures, in one run: the events/s the read model projector
+// applies during a full replay of 100 000 mixed events, the raw rate at which
+// an ordered consumer reads the same stream, and their ratio.
+//
+//	go test -run '^$' -bench BenchmarkReplay -benchtime 1x ./projections/readmodel
+func BenchmarkReplay(b *testing.B) {
+	const n = 100_000
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	ns, err := localstack.StartNATS(localstack.NATSConfig{Dir: b.TempDir()}, quiet)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	log, err := events.OpenLog(ctx, js, events.Config{}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer log.Close()
+	publishMixed(b, js, n)
+
+	pg := localstack.PostgresForTest(b)
+	for b.Loop() {
+		raw := rawOrderedRead(b, js, log.Stream(), n)
+		pool, err := pgxpool.New(ctx, pg.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `TRUNCATE posts, post_media, follows, likes, comments; DELETE FROM projector_checkpoints`); err != nil {
+			b.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		r := projections.NewRunner(log, readmodel.NewProjector(pool, nil), projections.RunnerConfig{BatchSize: benchBatch()}, nil, quiet)
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- r.Run(rctx) }()
+		for r.Position() < n {
+			time.Sleep(5 * time.Millisecond)
+		}
+		applied := float64(n) / time.Since(start).Seconds()
+		cancel()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		pool.Close()
+		b.ReportMetric(applied, "applied-events/s")
+		b.ReportMetric(raw, "raw-read-events/s")
+		b.ReportMetric(applied/raw, "ratio")
+		fmt.Fprintf(os.Stderr, "replay of %d events: projector %.0f events/s, raw ordered read %.0f events/s, ratio %.2f\n", n, applied, raw, applied/raw)
+	}
+}
+
+// publishMixed appends n events in a realistic mix: a fifth posts, then
+// follows and unfollows, likes, comments, edits and deletes.
+func publishMixed(b *testing.B, js jetstream.JetStream, n int) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ids, _ := domain.NewIDGenerator(0)
+	clock := t0
+	var posts []events.PostCreated
+	for i := range n {
+		clock = clock.Add(time.Duration(rng.IntN(40)) * time.Millisecond)
+		user := domain.UserID(rng.IntN(2000) + 1)
+		other := domain.UserID(rng.IntN(2000) + 1)
+		if other == user {
+			other = user%2000 + 1
+		}
+		var ev events.Event
+		switch k := rng.IntN(100); {
+		case k < 20 || len(posts) == 0:
+			id, at := ids.Next(clock)
+			pc := created(domain.PostID(id), user)
+			pc.CreatedAt = at
+			posts = append(posts, pc)
+			ev = pc
+		case k < 45:
+			ev = events.UserFollowed{FollowerID: user, FolloweeID: other}
+		case k < 50:
+			ev = events.UserUnfollowed{FollowerID: user, FolloweeID: other}
+		case k < 75:
+			ev = events.PostLiked{UserID: user, PostID: posts[rng.IntN(len(posts))].PostID}
+		case k < 80:
+			ev = events.PostUnliked{UserID: user, PostID: posts[rng.IntN(len(posts))].PostID}
+		case k < 92:
+			id, at := ids.Next(clock)
+			ev = events.CommentAdded{CommentID: domain.CommentID(id), PostID: posts[rng.IntN(len(posts))].PostID, UserID: user, Text: "nice one", CreatedAt: at}
+		case k < 97:
+			p := posts[rng.IntN(len(posts))]
+			ev = events.PostEdited{PostID: p.PostID, UserID: p.UserID, Caption: "edited", EditedAt: clock}
+		default:
+			p := posts[rng.IntN(len(posts))]
+			ev = events.PostDeleted{PostID: p.PostID, UserID: p.UserID, DeletedAt: clock}
+		}
+		env, err := events.NewEnvelope(fmt.Sprintf("bench-%d", i), clock, ev)
+		if err != nil {
+			b.Fatal(err)
+		}
+		data, _ := json.Marshal(env)
+		m := nats.NewMsg(ev.Subject())
+		m.Data = data
+		m.Header.Set(jetstream.MsgIDHeader, env.ID)
+		m.Header.Set(events.TypeHeader, env.Type)
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		b.Fatal("publishes not acknowledged")
+	}
+}
+
+// rawOrderedRead is the limit: an ordered consumer reading the whole stream and
+// doing nothing with it.
+func rawOrderedRead(b *testing.B, js jetstream.JetStream, stream string, n int) float64 {
+	ctx := context.Background()
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer it.Stop()
+	start := time.Now()
+	for range n {
+		if _, err := it.Next(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// benchBatch is the runner's batch size, FEED_BENCH_BATCH to vary it.
+func benchBatch() int {
+	n, _ := strconv.Atoi(os.Getenv("FEED_BENCH_BATCH"))
+	return n
+}

@@ -1,0 +1,423 @@
+package readmodel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/feedproject/feed/domain"
+)
+
+// checkpointName is the projector_checkpoints row whose position Position
+// reports: the read model projector's (ProjectorName). Spelled out here so that
+// the read side states which projection it waits for; the store tests seed the
+// row under ProjectorName, so the two cannot drift apart unnoticed.
+const checkpointName = "readmodel"
+
+// Store answers queries from the read model.
+type Store struct{ pool *pgxpool.Pool }
+
+// NewStore returns a store reading from pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Media is one image of a post.
+type Media struct {
+	Key, ContentType string
+	Width, Height    int
+	// Position is the image's place in the post; 0 is the thumbnail.
+	Position int
+}
+
+// Post is a live post as readers see it.
+type Post struct {
+	ID                      domain.PostID
+	UserID                  domain.UserID
+	Caption                 string
+	CreatedAt               time.Time
+	EditedAt                *time.Time
+	LikeCount, CommentCount int
+	// HasLiked is whether the viewer the post was read for likes it; always
+	// false for an anonymous viewer.
+	HasLiked bool
+	// Media are the post's images by position.
+	Media []Media
+}
+
+// GridItem is a post in a profile grid.
+type GridItem struct {
+	ID                      domain.PostID
+	CreatedAt               time.Time
+	LikeCount, CommentCount int
+	Thumbnail               Media
+}
+
+// Comment is a comment on a post.
+type Comment struct {
+	ID        domain.CommentID
+	UserID    domain.UserID
+	Text      string
+	CreatedAt time.Time
+}
+
+// Page is one page of a list: at most domain.PageSize items, and the cursor of
+// the next page (nil when HasMore is false).
+type Page[T any] struct {
+	Items   []T
+	Next    *domain.Cursor
+	HasMore bool
+}
+
+// FeedEntry is a post of the pull feed, before hydration.
+type FeedEntry struct {
+	PostID    domain.PostID
+	AuthorID  domain.UserID
+	CreatedAt time.Time
+}
+
+// queryError marks a missing row as domain.ErrNotFound and a failure to reach
+// Postgres as domain.ErrUnavailable, so the API answers 404 and 503 for them,
+// keeping the cause in the chain.
+func queryError(what string, err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: %w", what, domain.ErrNotFound)
+	}
+	if unreachable(err) {
+		return fmt.Errorf("%s: %w: %w", what, domain.ErrUnavailable, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// unreachable tells a failure to reach Postgres (no connection, a connection
+// lost, a server shutting down or refusing connections, a deadline) from a
+// failure of the query itself.
+func unreachable(err error) bool {
+	var (
+		connErr *pgconn.ConnectError
+		netErr  net.Error
+		pgErr   *pgconn.PgError
+	)
+	switch {
+	case errors.As(err, &connErr), errors.As(err, &netErr),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, io.ErrUnexpectedEOF),
+		pgconn.SafeToRetry(err), pgconn.Timeout(err):
+		return true
+	case errors.As(err, &pgErr):
+		// 08: connection exception; 57P01-57P03: admin/crash shutdown, cannot
+		// connect now; 53300: too many connections.
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300"
+	}
+	return false
+}
+
+// fetchSize is how many rows a page query asks for: one more than a page, so
+// that the extra row tells whether another page follows without a count.
+const fetchSize = domain.PageSize + 1
+
+// before is the exclusive upper bound of a newest-first keyset on ids: the
+// cursor's id, or above every id for the first page. A bound rather than an
+// optional condition keeps the query one plan that seeks the index.
+func before(after *domain.Cursor) int64 {
+	if after == nil {
+		return math.MaxInt64
+	}
+	return after.ID
+}
+
+// paginate turns up to fetchSize rows into a page, taking each item and the
+// cursor of the last one from its row.
+func paginate[R, T any](rows []R, item func(R) T, cursor func(R) domain.Cursor) Page[T] {
+	var p Page[T]
+	if len(rows) > domain.PageSize {
+		rows, p.HasMore = rows[:domain.PageSize], true
+	}
+	p.Items = make([]T, len(rows))
+	for i, r := range rows {
+		p.Items[i] = item(r)
+	}
+	if p.HasMore {
+		c := cursor(rows[len(rows)-1])
+		p.Next = &c
+	}
+	return p
+}
+
+// selectPosts hydrates live posts with their media, one row per image (ordered
+// by post and position, so a post's rows are adjacent). The like check runs once
+// per post, not per image, and is skipped for the anonymous viewer 0.
+const selectPosts = `
+SELECT p.id, p.user_id, p.caption, p.created_at, p.edited_at, p.like_count, p.comment_count, p.has_liked,
+       m.position, m.media_key, m.content_type, m.width, m.height
+FROM (
+    SELECT p.*, ($2::bigint <> 0 AND EXISTS (
+        SELECT 1 FROM likes l WHERE l.post_id = p.id AND l.user_id = $2)) AS has_liked
+    FROM posts p
+    WHERE p.id = ANY($1::bigint[]) AND p.deleted_at IS NULL
+) p
+LEFT JOIN post_media m ON m.post_id = p.id
+ORDER BY p.id, m.position`
+
+// Post reads a live post for viewer (0: anonymous). An unknown or deleted post
+// is domain.ErrNotFound.
+func (s *Store) Post(ctx context.Context, id domain.PostID, viewer domain.UserID) (Post, error) {
+	posts, err := s.Posts(ctx, []domain.PostID{id}, viewer)
+	if err != nil {
+		return Post{}, err
+	}
+	p, ok := posts[id]
+	if !ok {
+		return Post{}, fmt.Errorf("post %d: %w", id, domain.ErrNotFound)
+	}
+	return p, nil
+}
+
+// Posts hydrates a page of post ids for viewer (0: anonymous) in one query.
+// Unknown and deleted posts are absent from the map.
+func (s *Store) Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID) (map[domain.PostID]Post, error) {
+	out := make(map[domain.PostID]Post, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	raw := make([]int64, len(ids))
+	for i, id := range ids {
+		raw[i] = int64(id)
+	}
+	rows, err := s.pool.Query(ctx, selectPosts, raw, int64(viewer))
+	if err != nil {
+		return nil, queryError("read posts", err)
+	}
+	defer rows.Close()
+	var cur *Post
+	for rows.Next() {
+		var (
+			p                  Post
+			pos, width, height *int
+			key, contentType   *string
+		)
+		if err := rows.Scan(&p.ID, &p.UserID, &p.Caption, &p.CreatedAt, &p.EditedAt, &p.LikeCount, &p.CommentCount,
+			&p.HasLiked, &pos, &key, &contentType, &width, &height); err != nil {
+			return nil, queryError("read posts", err)
+		}
+		if cur == nil || cur.ID != p.ID {
+			if cur != nil {
+				out[cur.ID] = *cur
+			}
+			p.Media = []Media{}
+			cur = &p
+		}
+		// A post always has images; the outer join only keeps a post whose
+		// media rows are missing from vanishing.
+		if pos != nil {
+			cur.Media = append(cur.Media, Media{Key: *key, ContentType: *contentType, Width: *width, Height: *height, Position: *pos})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, queryError("read posts", err)
+	}
+	if cur != nil {
+		out[cur.ID] = *cur
+	}
+	return out, nil
+}
+
+// ProfileGrid reads a page of user's live posts, newest first, each with its
+// thumbnail (the image at position 0). An unknown user has an empty grid.
+func (s *Store) ProfileGrid(ctx context.Context, user domain.UserID, after *domain.Cursor) (Page[GridItem], error) {
+	// The join keeps the scan on posts_by_author in id order and fetches one
+	// media row per post by its primary key.
+	rows, err := s.pool.Query(ctx, `
+		SELECT p.id, p.created_at, p.like_count, p.comment_count,
+		       m.media_key, m.content_type, m.width, m.height, m.position
+		FROM posts p
+		JOIN post_media m ON m.post_id = p.id AND m.position = 0
+		WHERE p.user_id = $1 AND p.deleted_at IS NULL AND p.id < $2
+		ORDER BY p.id DESC
+		LIMIT $3`, int64(user), before(after), fetchSize)
+	if err != nil {
+		return Page[GridItem]{}, queryError(fmt.Sprintf("profile grid of user %d", user), err)
+	}
+	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (GridItem, error) {
+		var g GridItem
+		err := row.Scan(&g.ID, &g.CreatedAt, &g.LikeCount, &g.CommentCount,
+			&g.Thumbnail.Key, &g.Thumbnail.ContentType, &g.Thumbnail.Width, &g.Thumbnail.Height, &g.Thumbnail.Position)
+		return g, err
+	})
+	if err != nil {
+		return Page[GridItem]{}, queryError(fmt.Sprintf("profile grid of user %d", user), err)
+	}
+	return paginate(items, func(g GridItem) GridItem { return g }, func(g GridItem) domain.Cursor {
+		return domain.Cursor{ID: int64(g.ID), Unix: g.CreatedAt.Unix()}
+	}), nil
+}
+
+// Comments reads a page of a live post's comments, oldest first. An unknown or
+// deleted post is domain.ErrNotFound.
+func (s *Store) Comments(ctx context.Context, post domain.PostID, after *domain.Cursor) (Page[Comment], error) {
+	// One query answers both whether the post is live (no row: it is not) and
+	// its page (a single all-NULL row: it has no comments after the cursor), from
+	// one snapshot.
+	var from int64
+	if after != nil {
+		from = after.ID
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT c.id, c.user_id, c.text, c.created_at
+		FROM posts p
+		LEFT JOIN LATERAL (
+		    SELECT id, user_id, text, created_at FROM comments
+		    WHERE post_id = p.id AND id > $2
+		    ORDER BY id
+		    LIMIT $3
+		) c ON true
+		WHERE p.id = $1 AND p.deleted_at IS NULL
+		ORDER BY c.id`, int64(post), from, fetchSize)
+	if err != nil {
+		return Page[Comment]{}, queryError(fmt.Sprintf("comments of post %d", post), err)
+	}
+	defer rows.Close()
+	found := false
+	comments := []Comment{}
+	for rows.Next() {
+		found = true
+		var (
+			id, user  *int64
+			text      *string
+			createdAt *time.Time
+		)
+		if err := rows.Scan(&id, &user, &text, &createdAt); err != nil {
+			return Page[Comment]{}, queryError(fmt.Sprintf("comments of post %d", post), err)
+		}
+		if id != nil {
+			comments = append(comments, Comment{ID: domain.CommentID(*id), UserID: domain.UserID(*user), Text: *text, CreatedAt: *createdAt})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return Page[Comment]{}, queryError(fmt.Sprintf("comments of post %d", post), err)
+	}
+	if !found {
+		return Page[Comment]{}, fmt.Errorf("comments of post %d: post %d: %w", post, post, domain.ErrNotFound)
+	}
+	return paginate(comments, func(c Comment) Comment { return c }, func(c Comment) domain.Cursor {
+		return domain.Cursor{ID: int64(c.ID), Unix: c.CreatedAt.Unix()}
+	}), nil
+}
+
+// followRow is one entry of a follower list: the other user and when the follow
+// happened (whole seconds).
+type followRow struct {
+	user domain.UserID
+	at   time.Time
+}
+
+// Followers reads a page of the users who follow user, newest follow first.
+func (s *Store) Followers(ctx context.Context, user domain.UserID, after *domain.Cursor) (Page[domain.UserID], error) {
+	return s.follows(ctx, fmt.Sprintf("followers of user %d", user), `
+		SELECT follower_id, created_at FROM follows
+		WHERE followee_id = $1 AND (created_at, follower_id) < ($2, $3)
+		ORDER BY created_at DESC, follower_id DESC
+		LIMIT $4`, user, after)
+}
+
+// Following reads a page of the users user follows, newest follow first.
+func (s *Store) Following(ctx context.Context, user domain.UserID, after *domain.Cursor) (Page[domain.UserID], error) {
+	return s.follows(ctx, fmt.Sprintf("users followed by user %d", user), `
+		SELECT followee_id, created_at FROM follows
+		WHERE follower_id = $1 AND (created_at, followee_id) < ($2, $3)
+		ORDER BY created_at DESC, followee_id DESC
+		LIMIT $4`, user, after)
+}
+
+// follows runs a follower-list query: a keyset on (created_at, user id), both
+// descending, which is exact because follow times are stored in whole seconds,
+// the cursor's unit.
+func (s *Store) follows(ctx context.Context, what, query string, user domain.UserID, after *domain.Cursor) (Page[domain.UserID], error) {
+	at := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+	id := int64(math.MaxInt64)
+	if after != nil {
+		at = pgtype.Timestamptz{Time: time.Unix(after.Unix, 0), Valid: true}
+		id = after.ID
+	}
+	rows, err := s.pool.Query(ctx, query, int64(user), at, id, fetchSize)
+	if err != nil {
+		return Page[domain.UserID]{}, queryError(what, err)
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (followRow, error) {
+		var r followRow
+		err := row.Scan(&r.user, &r.at)
+		return r, err
+	})
+	if err != nil {
+		return Page[domain.UserID]{}, queryError(what, err)
+	}
+	return paginate(list, func(r followRow) domain.UserID { return r.user }, func(r followRow) domain.Cursor {
+		return domain.Cursor{ID: int64(r.user), Unix: r.at.Unix()}
+	}), nil
+}
+
+// selectFeed is the pull feed. Each followee contributes at most $3 posts from
+// its own newest-first index scan on posts_by_author (index only: it needs just
+// the id), the candidates are merged and cut to $3, and only those few are
+// fetched from the table. Its cost grows with followees × limit, not with how
+// many posts they have or how deep the cursor is.
+const selectFeed = `
+SELECT p.id, p.user_id, p.created_at
+FROM (
+    SELECT top.id
+    FROM follows f
+    CROSS JOIN LATERAL (
+        SELECT id FROM posts
+        WHERE user_id = f.followee_id AND deleted_at IS NULL AND id < $2
+        ORDER BY id DESC
+        LIMIT $3
+    ) top
+    WHERE f.follower_id = $1 AND f.followee_id <> $1
+    ORDER BY top.id DESC
+    LIMIT $3
+) feed
+JOIN posts p ON p.id = feed.id
+ORDER BY p.id DESC`
+
+// Feed reads the pull feed of user: live posts of the accounts user follows,
+// newest first, never user's own, strictly older than after's post when after
+// is set, at most limit of them.
+func (s *Store) Feed(ctx context.Context, user domain.UserID, after *domain.Cursor, limit int) ([]FeedEntry, error) {
+	if limit <= 0 {
+		return []FeedEntry{}, nil
+	}
+	rows, err := s.pool.Query(ctx, selectFeed, int64(user), before(after), limit)
+	if err != nil {
+		return nil, queryError(fmt.Sprintf("pull feed of user %d", user), err)
+	}
+	entries, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (FeedEntry, error) {
+		var e FeedEntry
+		err := row.Scan(&e.PostID, &e.AuthorID, &e.CreatedAt)
+		return e, err
+	})
+	if err != nil {
+		return nil, queryError(fmt.Sprintf("pull feed of user %d", user), err)
+	}
+	return entries, nil
+}
+
+// Position is the log position the read model has applied: the read model
+// projector's checkpoint, 0 before its first batch.
+func (s *Store) Position(ctx context.Context) (uint64, error) {
+	var pos int64
+	err := s.pool.QueryRow(ctx, `SELECT position FROM projector_checkpoints WHERE projector = $1`, checkpointName).Scan(&pos)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, queryError("read model position", err)
+	}
+	return uint64(pos), nil
+}
