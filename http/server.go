@@ -68,6 +68,9 @@ type Deps struct {
 	IDs    *domain.IDGenerator
 	// ReadModel answers the read routes; while it is nil they answer 503.
 	ReadModel ReadModel
+	// FeedCache and FeedModel serve GET /feed; while either is nil it answers 503.
+	FeedCache HomeFeedCache
+	FeedModel HomeFeedModel
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -121,6 +124,7 @@ func NewServer(deps Deps, cfg Config) *Server {
 	s.app.Post("/posts/:id/comments", auth, cmd.comment)
 	s.app.Get("/media/:key", cmd.serveMedia)
 	registerReads(s.app, deps, cfg)
+	registerHomeFeed(s.app, deps, cfg, deps.Registerer)
 	return s
 }
 

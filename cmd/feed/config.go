@@ -36,6 +36,9 @@ type config struct {
 	DedupWindow  time.Duration
 	DevRedisPort int
 	DevPGPort    int
+
+	InboxCap, OutboxCap, BigAccount, Partitions int
+	InboxTTL                                    time.Duration
 }
 
 // devJWTSecret signs and checks tokens in dev mode when FEED_JWT_SECRET is
@@ -60,9 +63,11 @@ func (c config) jwtSecret(dev bool) (string, error) {
 const (
 	roleAPI       = "api"
 	roleReadModel = "readmodel" // the Postgres read model projector
+	rolePlanner   = "planner"   // the feed projector's first stage
+	roleAppliers  = "appliers"  // the feed projector's second stage (all partitions)
 )
 
-var knownRoles = []string{roleAPI, roleReadModel}
+var knownRoles = []string{roleAPI, roleReadModel, rolePlanner, roleAppliers}
 
 // variable is one documented environment variable.
 type variable struct {
@@ -74,7 +79,12 @@ var variables = []variable{
 	{"FEED_HTTP_ADDR", ":8080", "HTTP listen address."},
 	{"FEED_DATA_DIR", ".data", "Data directory: embedded NATS store, media, and in dev mode Redis and Postgres data."},
 	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 16 bytes; required by `serve`. `dev` and `token` use a fixed development secret when it is unset."},
-	{"FEED_ROLES", "api,readmodel", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector). Run each projector role in one process at a time."},
+	{"FEED_ROLES", "api,readmodel,planner,appliers", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector), `planner` and `appliers` (the two stages of the Redis feed projector). Run each projector role in one process at a time."},
+	{"FEED_INBOX_CAP", "500", "Posts kept per home feed inbox in Redis."},
+	{"FEED_OUTBOX_CAP", "500", "Posts kept per author outbox in Redis."},
+	{"FEED_INBOX_TTL", "168h", "Inboxes of users who have not read their feed for this long expire and stop receiving pushes."},
+	{"FEED_BIG_ACCOUNT", "10000", "Authors with more followers than this are not pushed; their posts are merged into pages at read time."},
+	{"FEED_PARTITIONS", "4", "Applier partitions of the feed projector (by recipient)."},
 	{"FEED_NODE_ID", "0", "This process's node number in post and comment ids, 0–255: unique per API replica."},
 	{"FEED_LOG_LEVEL", "info", "debug, info, warn or error."},
 	{"FEED_LOG_FORMAT", "text", "text or json."},
@@ -137,6 +147,11 @@ func parseConfig(getenv func(string) string) (config, error) {
 		DedupWindow:     duration("FEED_DEDUP_WINDOW"),
 		DevRedisPort:    integer("FEED_DEV_REDIS_PORT", 0, 65535),
 		DevPGPort:       integer("FEED_DEV_POSTGRES_PORT", 0, 65535),
+		InboxCap:        integer("FEED_INBOX_CAP", 10, 100_000),
+		OutboxCap:       integer("FEED_OUTBOX_CAP", 10, 100_000),
+		InboxTTL:        duration("FEED_INBOX_TTL"),
+		BigAccount:      integer("FEED_BIG_ACCOUNT", 1, 1<<31-1),
+		Partitions:      integer("FEED_PARTITIONS", 1, 256),
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(get("FEED_LOG_LEVEL"))); err != nil {
 		errs = append(errs, fmt.Sprintf("FEED_LOG_LEVEL=%q is not debug, info, warn or error", get("FEED_LOG_LEVEL")))

@@ -26,6 +26,7 @@ import (
 	"github.com/feedproject/feed/http/media"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -93,6 +94,8 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 			Dir:     filepath.Join(cfg.DataDir, "redis"),
 			Port:    cfg.DevRedisPort,
 			Persist: true,
+			// Inboxes stay compact listpacks up to this many entries.
+			ZSetListpackEntries: listpackEntries(cfg),
 		}, logger)
 		if err != nil {
 			return nil, err
@@ -164,6 +167,10 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 	return in, nil
 }
 
+// listpackEntries is Redis' zset-max-listpack-entries for the feeds: above the
+// inbox cap and its two bookkeeping members, so every inbox stays a listpack.
+func listpackEntries(cfg config) int { return max(1024, cfg.InboxCap+2) }
+
 func syncInterval(s string) time.Duration {
 	d, _ := time.ParseDuration(s) // validated by parseConfig; "always" gives 0
 	return d
@@ -218,6 +225,41 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		runners = append(runners, projections.NewRunner(in.log, readmodel.NewProjector(in.pg, projMetrics),
 			projections.RunnerConfig{}, projMetrics, logger))
 	}
+	feedStore := feeds.NewStore(in.redis, feeds.Config{
+		InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
+	})
+	if n, err := feedStore.CheckListpack(ctx); err != nil {
+		logger.Warn("cannot read zset-max-listpack-entries", "err", err)
+	} else if n < int64(cfg.InboxCap+2) {
+		logger.Warn("Redis zset-max-listpack-entries is below the inbox cap: inboxes will use several times the memory; raise it",
+			"zset_max_listpack_entries", n, "want_at_least", cfg.InboxCap+2)
+	}
+	var (
+		planner  *feeds.Planner
+		appliers *feeds.Applier
+	)
+	if slices.Contains(cfg.Roles, rolePlanner) || slices.Contains(cfg.Roles, roleAppliers) {
+		planner = feeds.NewPlanner(feedStore, in.js, feeds.PlannerConfig{Partitions: cfg.Partitions}, projMetrics)
+		if err := planner.EnsureStream(ctx); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(cfg.Roles, rolePlanner) {
+		runners = append(runners, projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger))
+	}
+	if slices.Contains(cfg.Roles, roleAppliers) {
+		all := make([]int, cfg.Partitions)
+		for i := range all {
+			all[i] = i
+		}
+		appliers = feeds.NewApplier(feedStore, in.js, all, logger)
+		checks = append(checks, feedhttp.Check{Name: "projector:feeds-appliers", Probe: func(context.Context) error {
+			if !appliers.Running() {
+				return fmt.Errorf("feed appliers not consuming: %w", domain.ErrUnavailable)
+			}
+			return nil
+		}})
+	}
 	for _, r := range runners {
 		checks = append(checks, feedhttp.Check{Name: "projector:" + r.Name(), Probe: func(context.Context) error {
 			if !r.Running() {
@@ -226,6 +268,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 			return nil
 		}})
 	}
+	readStore := readmodel.NewStore(in.pg)
 	srv := feedhttp.NewServer(feedhttp.Deps{
 		Logger:     logger,
 		Registerer: reg,
@@ -235,7 +278,9 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		Media:      store,
 		Auth:       auth,
 		IDs:        ids,
-		ReadModel:  readmodel.NewStore(in.pg),
+		ReadModel:  readStore,
+		FeedCache:  feeds.NewReader(feedStore, in.js),
+		FeedModel:  readStore,
 	}, feedhttp.Config{ConsistencyWait: cfg.ConsistencyWait})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
@@ -255,6 +300,12 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	for _, r := range runners {
 		g.Go(func() error { return r.Run(projCtx) })
 	}
+	if appliers != nil {
+		g.Go(func() error { return appliers.Run(projCtx) })
+	}
+	if slices.Contains(cfg.Roles, rolePlanner) {
+		g.Go(func() error { return materialiseLoop(projCtx, planner, logger) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		defer stopProjectors()
@@ -268,6 +319,30 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		err = nil
 	}
 	return err
+}
+
+// materialiseLoop builds the inboxes readers ask for, between the planner's
+// batches, until ctx ends.
+func materialiseLoop(ctx context.Context, planner *feeds.Planner, logger *slog.Logger) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		for {
+			n, err := planner.Materialise(ctx, 100)
+			if err != nil {
+				logger.Warn("materialise inboxes", "err", err)
+				break
+			}
+			if n < 100 {
+				break
+			}
+		}
+	}
 }
 
 func displayAddr(a net.Addr) string {

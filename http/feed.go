@@ -1,0 +1,166 @@
+package http
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/readmodel"
+)
+
+// HomeFeedCache is the Redis side of the home feed.
+type HomeFeedCache interface {
+	Page(ctx context.Context, user domain.UserID, before int64, n int) (feeds.Page, error)
+	RequestMaterialise(ctx context.Context, user domain.UserID) error
+	Position(ctx context.Context) (uint64, error)
+}
+
+// HomeFeedModel is what the home feed needs of the read model: the pull feed
+// (the truth, and the fallback) and hydration.
+type HomeFeedModel interface {
+	Feed(ctx context.Context, user domain.UserID, after *domain.Cursor, limit int) ([]readmodel.FeedEntry, error)
+	Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID) (map[domain.PostID]readmodel.Post, error)
+}
+
+type homeFeed struct {
+	cache   HomeFeedCache
+	model   HomeFeedModel
+	log     *slog.Logger
+	pages   *prometheus.CounterVec
+	waitFor func(*fiber.Ctx) error
+}
+
+func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Registerer) {
+	h := &homeFeed{
+		cache: deps.FeedCache,
+		model: deps.FeedModel,
+		log:   deps.Logger,
+		pages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "feed_home_pages_total",
+			Help: "Home feed pages served, by source: cache, postgres (cold inbox, Redis down) or mixed (the cache ran out).",
+		}, []string{"source"}),
+	}
+	reg.MustRegister(h.pages)
+	h.waitFor = func(c *fiber.Ctx) error {
+		if h.cache == nil || h.model == nil {
+			return fmt.Errorf("no home feed is configured: %w", domain.ErrUnavailable)
+		}
+		return awaitPosition(c, h.position, cfg.ConsistencyWait)
+	}
+	app.Get("/feed", deps.Auth.requireAuth, h.feed)
+}
+
+// position is the feeds' position; with Redis down the page comes from the read
+// model, whose writes the feeds position cannot vouch for, so it is reported
+// as 0 rather than failing the read.
+func (h *homeFeed) position(ctx context.Context) (uint64, error) {
+	pos, err := h.cache.Position(ctx)
+	if err != nil {
+		h.log.Warn("home feed position unknown", "err", err)
+		return 0, nil
+	}
+	return pos, nil
+}
+
+type feedPageView struct {
+	Posts      []postView `json:"posts"`
+	NextCursor *string    `json:"next_cursor"`
+	HasMore    bool       `json:"has_more"`
+}
+
+// feed serves the home feed: the ids of a page from the inbox above its floor
+// (with big accounts' posts merged in), continued from the read model's pull
+// feed below it, or from the pull feed alone when the inbox is cold or Redis is
+// down; then the page is hydrated in one query.
+func (h *homeFeed) feed(c *fiber.Ctx) error {
+	p, _ := principal(c)
+	cursor, err := cursorParam(c)
+	if err != nil {
+		return err
+	}
+	if err := h.waitFor(c); err != nil {
+		return err
+	}
+	ctx, cancel := queryContext(c)
+	defer cancel()
+	ids, err := h.ids(ctx, p.UserID, cursor)
+	if err != nil {
+		return err
+	}
+	hasMore := len(ids) > domain.PageSize
+	if hasMore {
+		ids = ids[:domain.PageSize]
+	}
+	posts, err := h.model.Posts(ctx, ids, p.UserID)
+	if err != nil {
+		return err
+	}
+	view := feedPageView{Posts: []postView{}, HasMore: hasMore}
+	for _, id := range ids {
+		if post, ok := posts[id]; ok {
+			view.Posts = append(view.Posts, newPostView(post))
+		}
+	}
+	if hasMore {
+		// From the id page, not the hydrated one: a post deleted meanwhile must
+		// not move the cursor back.
+		last := ids[len(ids)-1]
+		next := domain.Cursor{ID: int64(last), Unix: domain.IDTime(int64(last)).Unix()}
+		view.NextCursor = nextCursor(&next)
+	}
+	return c.JSON(view)
+}
+
+// ids is one more than a page of post ids below the cursor.
+func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.Cursor) ([]domain.PostID, error) {
+	const want = domain.PageSize + 1
+	var before int64
+	if cursor != nil {
+		before = cursor.ID
+	}
+	page, err := h.cache.Page(ctx, user, before, want)
+	switch {
+	case err != nil:
+		h.log.Error("home feed cache unavailable; serving from postgres", "user", user, "err", err)
+		h.pages.WithLabelValues("postgres").Inc()
+		return h.pull(ctx, user, cursor, want)
+	case !page.Materialised:
+		if err := h.cache.RequestMaterialise(ctx, user); err != nil {
+			h.log.Warn("request inbox", "user", user, "err", err)
+		}
+		h.pages.WithLabelValues("postgres").Inc()
+		return h.pull(ctx, user, cursor, want)
+	case len(page.Posts) == want:
+		h.pages.WithLabelValues("cache").Inc()
+		return page.Posts, nil
+	}
+	// The cache holds every post above its floor, and this page reaches below
+	// it: the rest comes from the read model, after the last cached post.
+	h.pages.WithLabelValues("mixed").Inc()
+	from := cursor
+	if n := len(page.Posts); n > 0 {
+		from = &domain.Cursor{ID: int64(page.Posts[n-1])}
+	}
+	rest, err := h.pull(ctx, user, from, want-len(page.Posts))
+	if err != nil {
+		return nil, err
+	}
+	return append(page.Posts, rest...), nil
+}
+
+func (h *homeFeed) pull(ctx context.Context, user domain.UserID, after *domain.Cursor, n int) ([]domain.PostID, error) {
+	entries, err := h.model.Feed(ctx, user, after, n)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]domain.PostID, len(entries))
+	for i, e := range entries {
+		ids[i] = e.PostID
+	}
+	return ids, nil
+}

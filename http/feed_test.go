@@ -1,0 +1,325 @@
+package http
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/http/media"
+	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/readmodel"
+)
+
+// feedWorld is the whole service in one test: the log, both projectors (the
+// read model and the two stages of the feeds), and the app serving GET /feed.
+type feedWorld struct {
+	log     *events.Log
+	rdb     *redis.Client
+	store   *feeds.Store
+	read    *readmodel.Store
+	srv     *Server
+	auth    *Authenticator
+	readRun *projections.Runner
+	planRun *projections.Runner
+	reader  *feeds.Reader
+}
+
+func newFeedWorld(t *testing.T, cfg feeds.Config) *feedWorld {
+	t.Helper()
+	stack := localstack.ForTest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	nc, err := nats.Connect(stack.NATS.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
+	require.NoError(t, err)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	log, err := events.OpenLog(ctx, js, events.Config{}, nil)
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, stack.Postgres.URL())
+	require.NoError(t, err)
+	rdb := redis.NewClient(&redis.Options{Addr: stack.Redis.Addr()})
+	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", "1024").Err())
+
+	quiet := slog.New(slog.DiscardHandler)
+	w := &feedWorld{log: log, rdb: rdb, store: feeds.NewStore(rdb, cfg), read: readmodel.NewStore(pool)}
+	planner := feeds.NewPlanner(w.store, js, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}, nil)
+	require.NoError(t, planner.EnsureStream(ctx))
+	fast := projections.RunnerConfig{FetchWait: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
+	w.readRun = projections.NewRunner(log, readmodel.NewProjector(pool, nil), fast, nil, quiet)
+	w.planRun = projections.NewRunner(log, planner, fast, nil, quiet)
+	appliers := feeds.NewApplier(w.store, js, []int{0, 1, 2}, quiet)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = w.readRun.Run(ctx) })
+	wg.Go(func() { _ = w.planRun.Run(ctx) })
+	wg.Go(func() { _ = appliers.Run(ctx) })
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			_, _ = planner.Materialise(ctx, 100)
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		log.Close()
+		nc.Close()
+		pool.Close()
+		_ = rdb.Close()
+	})
+
+	w.auth, err = NewAuthenticator(testSecret, nil)
+	require.NoError(t, err)
+	store, err := media.NewDir(t.TempDir())
+	require.NoError(t, err)
+	ids, err := domain.NewIDGenerator(2)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	w.reader = feeds.NewReader(w.store, js)
+	w.srv = NewServer(Deps{
+		Logger: quiet, Registerer: reg, Gatherer: reg, Log: log, Media: store, Auth: w.auth, IDs: ids,
+		ReadModel: w.read, FeedCache: w.reader, FeedModel: w.read,
+	}, Config{ConsistencyWait: 5 * time.Second})
+	return w
+}
+
+// settle waits until both projectors have applied the whole log.
+func (w *feedWorld) settle(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	head, err := w.log.Head(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		rm, err1 := w.read.Position(ctx)
+		fp, err2 := w.reader.Position(ctx)
+		return err1 == nil && err2 == nil && rm >= head && fp >= head
+	}, 60*time.Second, 10*time.Millisecond, "projectors did not reach %d", head)
+}
+
+// page gets one page of user's home feed.
+func (w *feedWorld) page(t *testing.T, user domain.UserID, cursor string) feedPageView {
+	t.Helper()
+	url := "/feed"
+	if cursor != "" {
+		url += "?cursor=" + cursor
+	}
+	req := httptest.NewRequest(http.MethodGet, url, nil)
+	tok, err := w.auth.Mint(user, false, time.Now(), time.Hour)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := w.srv.App().Test(req, 30_000)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var v feedPageView
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&v))
+	return v
+}
+
+// pageAll pages the user's feed to has_more=false and returns the post ids.
+func (w *feedWorld) pageAll(t *testing.T, user domain.UserID) []string {
+	t.Helper()
+	ids := []string{}
+	cursor := ""
+	for range 1000 {
+		v := w.page(t, user, cursor)
+		for _, p := range v.Posts {
+			ids = append(ids, p.ID)
+		}
+		if !v.HasMore {
+			require.Nil(t, v.NextCursor, "the last page has no cursor")
+			return ids
+		}
+		require.NotNil(t, v.NextCursor)
+		cursor = *v.NextCursor
+	}
+	t.Fatal("more than 1000 pages")
+	return nil
+}
+
+// truth is the user's feed by the pull query over the read model.
+func (w *feedWorld) truth(t *testing.T, user domain.UserID) []string {
+	t.Helper()
+	entries, err := w.read.Feed(context.Background(), user, nil, 1_000_000)
+	require.NoError(t, err)
+	ids := make([]string, len(entries))
+	for i, e := range entries {
+		ids[i] = e.PostID.String()
+	}
+	return ids
+}
+
+// model drives random operations and remembers who wrote what.
+type model struct {
+	t      *testing.T
+	w      *feedWorld
+	rng    *rand.Rand
+	ids    *domain.IDGenerator
+	clock  time.Time
+	users  int
+	author map[domain.PostID]domain.UserID
+	live   []domain.PostID
+	n      int
+}
+
+func (m *model) append(ev events.Event) {
+	m.n++
+	_, err := m.w.log.AppendEvent(context.Background(), fmt.Sprintf("m%d", m.n), m.clock, ev)
+	require.NoError(m.t, err)
+}
+
+func (m *model) user() domain.UserID { return domain.UserID(m.rng.IntN(m.users) + 1) }
+
+func (m *model) step() {
+	ctx := context.Background()
+	// Many posts share a millisecond; sometimes time jumps.
+	if m.rng.IntN(4) == 0 {
+		m.clock = m.clock.Add(time.Duration(m.rng.IntN(3000)) * time.Millisecond)
+	}
+	a, b := m.user(), m.user()
+	switch k := m.rng.IntN(100); {
+	case k < 28:
+		// The first three users are big accounts in the making: they post more.
+		if m.rng.IntN(3) == 0 {
+			a = domain.UserID(m.rng.IntN(3) + 1)
+		}
+		id, at := m.ids.Next(m.clock)
+		m.author[domain.PostID(id)] = a
+		m.live = append(m.live, domain.PostID(id))
+		m.append(events.PostCreated{PostID: domain.PostID(id), UserID: a, CreatedAt: at,
+			Media: []events.Media{{Key: fmt.Sprintf("%064d.png", id), ContentType: "image/png", Width: 1, Height: 1, Size: 1}}})
+	case k < 34 && len(m.live) > 0:
+		i := m.rng.IntN(len(m.live))
+		p := m.live[i]
+		m.live = slices.Delete(m.live, i, i+1)
+		m.append(events.PostDeleted{PostID: p, UserID: m.author[p], DeletedAt: m.clock})
+	case k < 37 && len(m.live) > 0:
+		p := m.live[m.rng.IntN(len(m.live))]
+		m.append(events.PostEdited{PostID: p, UserID: m.author[p], Caption: "edited", EditedAt: m.clock})
+	case k < 62:
+		if m.rng.IntN(2) == 0 {
+			b = domain.UserID(m.rng.IntN(3) + 1) // everyone follows the big ones
+		}
+		if a != b {
+			m.append(events.UserFollowed{FollowerID: a, FolloweeID: b})
+		}
+	case k < 72:
+		if a != b {
+			m.append(events.UserUnfollowed{FollowerID: a, FolloweeID: b})
+		}
+	case k < 76:
+		// Flapping: a burst of follow/unfollow of one pair.
+		if a != b {
+			for range 2 + m.rng.IntN(5) {
+				if m.rng.IntN(2) == 0 {
+					m.append(events.UserFollowed{FollowerID: a, FolloweeID: b})
+				} else {
+					m.append(events.UserUnfollowed{FollowerID: a, FolloweeID: b})
+				}
+			}
+		}
+	case k < 94:
+		// A read: materialises the reader's inbox (served from Postgres meanwhile).
+		m.w.page(m.t, a, "")
+	default:
+		// An inbox expires.
+		require.NoError(m.t, m.w.rdb.Del(ctx, fmt.Sprintf("feed:{%d}:in", a)).Err())
+	}
+}
+
+// check asserts the invariants for every user once the projectors caught up:
+// paging GET /feed to the end equals the pull query exactly, and every
+// materialised inbox holds exactly the feed's non-big posts above its floor.
+func (m *model) check() {
+	m.w.settle(m.t)
+	ctx := context.Background()
+	big, err := m.w.store.BigAccounts(ctx)
+	require.NoError(m.t, err)
+	materialised := 0
+	for u := 1; u <= m.users; u++ {
+		user := domain.UserID(u)
+		truth := m.w.truth(m.t, user)
+		got := m.w.pageAll(m.t, user)
+		require.Equal(m.t, truth, got, "user %d: paging GET /feed must yield the pull feed", u)
+
+		inbox, floor, _, ok, err := m.w.store.Inbox(ctx, user)
+		require.NoError(m.t, err)
+		if !ok {
+			continue
+		}
+		materialised++
+		want := []string{}
+		for _, id := range truth {
+			p, _ := domain.ParsePostID(id)
+			if int64(p) >= floor && !slices.Contains(big, m.author[p]) {
+				want = append(want, id)
+			}
+		}
+		have := []string{}
+		for _, p := range inbox {
+			if !slices.Contains(big, m.author[p]) {
+				have = append(have, p.String())
+			}
+		}
+		require.Equal(m.t, want, have, "user %d: the inbox above its floor %d", u, floor)
+	}
+	m.t.Logf("%d events, %d of %d users materialised, big accounts %v", m.n, materialised, m.users, big)
+}
+
+func runModel(t *testing.T, cfg feeds.Config, steps int, seed uint64) {
+	w := newFeedWorld(t, cfg)
+	ids, err := domain.NewIDGenerator(0)
+	require.NoError(t, err)
+	m := &model{t: t, w: w, rng: rand.New(rand.NewPCG(seed, seed)), ids: ids,
+		clock: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC), users: 50, author: map[domain.PostID]domain.UserID{}}
+	for i := range steps {
+		m.step()
+		if i == steps/2 {
+			// Redis is lost mid-run: the planner replays, inboxes come back on read.
+			require.NoError(t, w.rdb.FlushAll(context.Background()).Err())
+		}
+		if i == steps/4 || i == 3*steps/4 {
+			m.check()
+		}
+	}
+	m.check()
+}
+
+// TestFeedInvariantsSmallCaps runs the model with caps of 20, so trimming,
+// floors and the fall-back to Postgres below them happen all the time, and a
+// big-account threshold of 8 followers.
+func TestFeedInvariantsSmallCaps(t *testing.T) {
+	runModel(t, feeds.Config{InboxCap: 20, OutboxCap: 20, BigThreshold: 8}, 1500, 1)
+}
+
+// TestFeedInvariantsRealCaps runs it with the production caps.
+func TestFeedInvariantsRealCaps(t *testing.T) {
+	runModel(t, feeds.Config{BigThreshold: 15}, 1500, 2)
+}
+
+func TestFeedOfSomeoneFollowingNobody(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{})
+	v := w.page(t, 77, "")
+	assert.Empty(t, v.Posts)
+	assert.NotNil(t, v.Posts, "an empty list, not null")
+	assert.Nil(t, v.NextCursor)
+	assert.False(t, v.HasMore)
+}

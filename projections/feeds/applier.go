@@ -1,0 +1,153 @@
+package feeds
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/feedproject/feed/domain"
+)
+
+// fromHeader carries, on each fan-out message, the first log sequence its work
+// comes from.
+const fromHeader = "Feed-From-Seq"
+
+// Applier is the second stage of the feed projector (seed 000's "update the
+// feeds"): it applies the planner's work to the inboxes of some partitions. One
+// goroutine per partition takes one message at a time, so each recipient's work
+// is applied in log order; inbox scripts skip work at or below the inbox's
+// sequence, so redelivered work changes nothing.
+type Applier struct {
+	store      *Store
+	js         jetstream.JetStream
+	partitions []int
+	logger     *slog.Logger
+	running    atomic.Int32
+	applied    atomic.Int64
+}
+
+// NewApplier returns an applier of the given partitions.
+func NewApplier(store *Store, js jetstream.JetStream, partitions []int, logger *slog.Logger) *Applier {
+	return &Applier{store: store, js: js, partitions: partitions, logger: logger.With("projector", "feeds-applier")}
+}
+
+// Running reports whether every partition is consuming.
+func (a *Applier) Running() bool { return int(a.running.Load()) == len(a.partitions) }
+
+// Applied counts the inbox changes made (work items not skipped).
+func (a *Applier) Applied() int64 { return a.applied.Load() }
+
+// Run applies work until ctx ends.
+func (a *Applier) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	for _, p := range a.partitions {
+		g.Go(func() error { return a.runPartition(ctx, p) })
+	}
+	return g.Wait()
+}
+
+func (a *Applier) runPartition(ctx context.Context, part int) error {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := a.consume(ctx, part)
+		if err == nil || ctx.Err() != nil {
+			// Stopping: the error, if any, is the shutdown's own.
+			return nil //nolint:nilerr // an error caused by shutdown is not a failure
+		}
+		a.logger.Warn("applier retries", "partition", part, "err", err, "after", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return nil
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	return nil
+}
+
+func (a *Applier) consume(ctx context.Context, part int) error {
+	cons, err := a.js.CreateOrUpdateConsumer(ctx, FanoutStream, jetstream.ConsumerConfig{
+		Durable:       fmt.Sprintf("feeds-applier-%d", part),
+		Description:   "Applies the feed planner's work for one partition of recipients, in order.",
+		FilterSubject: fmt.Sprintf("fanout.%d", part),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		// One message at a time: a failed one comes again before any later one.
+		MaxAckPending: 1,
+		AckWait:       time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("applier consumer %d: %w", part, err)
+	}
+	a.running.Add(1)
+	defer a.running.Add(-1)
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return fmt.Errorf("fetch work: %w", err)
+		}
+		for msg := range batch.Messages() {
+			var items []Item
+			if err := json.Unmarshal(msg.Data(), &items); err != nil {
+				// Work is written by the planner of this build; a body that does
+				// not decode can never be applied, so it is logged and dropped.
+				a.logger.Error("undecodable work dropped", "partition", part, "err", err)
+				_ = msg.Term()
+				continue
+			}
+			n, err := a.store.ApplyItems(context.WithoutCancel(ctx), items)
+			if err != nil {
+				_ = msg.NakWithDelay(100 * time.Millisecond)
+				return fmt.Errorf("apply work: %w", err)
+			}
+			a.applied.Add(int64(n))
+			if err := msg.DoubleAck(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				return fmt.Errorf("ack work: %w", err)
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("fetch work: %w", err)
+		}
+	}
+	return nil
+}
+
+// Position is how far the home feeds reflect the log: every event at or below
+// it has been planned and its work applied.
+func Position(ctx context.Context, store *Store, js jetstream.JetStream) (uint64, error) {
+	// The planner's position first: it is stored after its work is published,
+	// so if no work is pending afterwards, all work up to it was applied.
+	planned, err := store.PlannerPosition(ctx)
+	if err != nil {
+		return 0, err
+	}
+	stream, err := js.Stream(ctx, FanoutStream)
+	if err != nil {
+		return 0, fmt.Errorf("feeds position: %w: %w", domain.ErrUnavailable, err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("feeds position: %w: %w", domain.ErrUnavailable, err)
+	}
+	if info.State.Msgs == 0 {
+		return planned, nil
+	}
+	oldest, err := stream.GetMsg(ctx, info.State.FirstSeq)
+	if err != nil {
+		// Applied meanwhile: ask again next time.
+		return 0, fmt.Errorf("feeds position: %w", err)
+	}
+	from, err := strconv.ParseUint(oldest.Header.Get(fromHeader), 10, 64)
+	if err != nil || from == 0 {
+		return 0, fmt.Errorf("feeds position: work without %s", fromHeader)
+	}
+	return min(planned, from-1), nil
+}

@@ -1,0 +1,398 @@
+package feeds
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections"
+)
+
+// PlannerName names the planner's checkpoint, durable consumer
+// (projector-feeds) and metrics. Persisted: never rename it.
+const PlannerName = "feeds"
+
+// FanoutStream carries the planner's per-recipient work to the appliers, on
+// subjects fanout.<partition>. It is derived state: rebuilt by a replay.
+const FanoutStream = "FEED_FANOUT"
+
+// errStateLost makes the runner rewind to the planner's stored position.
+var errStateLost = errors.New("feed planner state lost")
+
+// PlannerConfig holds the planner's optional knobs; the zero value works.
+type PlannerConfig struct {
+	// Partitions is how many appliers share the inboxes, by recipient; default 4.
+	// Changing it needs the fan-out stream drained first.
+	Partitions int
+	// ItemsPerMessage bounds the work items in one fan-out message (seed 000's
+	// feedUpdateBatchSize); default 200.
+	ItemsPerMessage int
+}
+
+func (c PlannerConfig) withDefaults() PlannerConfig {
+	if c.Partitions == 0 {
+		c.Partitions = 4
+	}
+	if c.ItemsPerMessage == 0 {
+		c.ItemsPerMessage = 200
+	}
+	return c
+}
+
+// Planner is the first stage of the feed projector (seed 000's "prepare the
+// list of feeds"). It follows the log in order, is the only writer of the follow
+// graph and the outboxes, and turns each event into work for the recipients it
+// concerns, in log order, on the recipient's partition. The work is complete in
+// itself (a follow carries the followee's outbox as of that point of the log),
+// so an applier never reads state another stage is changing, and a recipient's
+// work is applied in the order of the log: an unfollow can never be overtaken by
+// a push of the same author's post.
+type Planner struct {
+	store   *Store
+	js      jetstream.JetStream
+	cfg     PlannerConfig
+	metrics *projections.Metrics
+
+	// mu serialises Apply and Materialise, so materialisation reads the graph
+	// and outboxes as of a position of the log.
+	mu sync.Mutex
+}
+
+// NewPlanner returns the planner writing to store and publishing work with js.
+func NewPlanner(store *Store, js jetstream.JetStream, cfg PlannerConfig, metrics *projections.Metrics) *Planner {
+	return &Planner{store: store, js: js, cfg: cfg.withDefaults(), metrics: metrics}
+}
+
+// EnsureStream creates or updates the fan-out stream: a work queue per
+// partition subject, so applied work is removed.
+func (p *Planner) EnsureStream(ctx context.Context) error {
+	_, err := p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        FanoutStream,
+		Description: "Per-recipient feed work from the planner to the appliers.",
+		Subjects:    []string{"fanout.>"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Duplicates:  10 * time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("fan-out stream: %w", err)
+	}
+	return nil
+}
+
+// Name implements projections.Projector.
+func (p *Planner) Name() string { return PlannerName }
+
+// Checkpoint implements projections.Projector.
+func (p *Planner) Checkpoint(ctx context.Context) (uint64, error) {
+	if err := p.store.initPlannerPosition(ctx); err != nil {
+		return 0, err
+	}
+	return p.store.PlannerPosition(ctx)
+}
+
+// Partition is the applier partition of a recipient.
+func Partition(user domain.UserID, partitions int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(strconv.FormatInt(int64(user), 10)))
+	return int(h.Sum32() % uint32(partitions))
+}
+
+// work collects a batch's items per partition, in order.
+type work struct {
+	parts [][]Item
+	n     int
+}
+
+func (p *Planner) newWork() *work { return &work{parts: make([][]Item, p.cfg.Partitions)} }
+
+func (w *work) add(it Item, partitions int) {
+	i := Partition(it.Recipient, partitions)
+	w.parts[i] = append(w.parts[i], it)
+	w.n++
+}
+
+// Apply implements projections.Projector. Its effects on the graph and
+// outboxes are idempotent and its work is guarded by sequence at the inboxes, so
+// a batch applied again after a crash changes nothing twice.
+func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cp, err := p.store.PlannerPosition(ctx)
+	if err != nil {
+		return err
+	}
+	if len(batch) > 0 && cp+1 < batch[0].Seq {
+		// The position went back: Redis lost the planner's state (a flush, a
+		// failover to an empty replica). Rewinding to it replays what is lost.
+		return fmt.Errorf("planner state is at %d but the batch starts at %d: %w", cp, batch[0].Seq, errStateLost)
+	}
+	fresh := batch[:0:0]
+	for _, rec := range batch {
+		if rec.Seq > cp {
+			fresh = append(fresh, rec)
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	merged := projections.MergeFollows(fresh)
+	p.metrics.CountMerged(PlannerName, merged.Collapsed, 0)
+	w := p.newWork()
+	for _, rec := range merged.Records {
+		if err := p.plan(ctx, rec, w); err != nil {
+			return err
+		}
+	}
+	if err := p.publish(ctx, w, fresh[0].Seq, fresh[len(fresh)-1].Seq); err != nil {
+		return err
+	}
+	return p.store.advancePlannerPosition(ctx, cp, fresh[len(fresh)-1].Seq)
+}
+
+// plan applies one event to the graph and outboxes and adds its work.
+func (p *Planner) plan(ctx context.Context, rec events.Record, w *work) error {
+	parts := p.cfg.Partitions
+	switch e := rec.Event.(type) {
+	case events.PostCreated:
+		if err := p.store.AddToOutbox(ctx, e.UserID, e.PostID); err != nil {
+			return err
+		}
+		big, err := p.isBig(ctx, e.UserID)
+		if err != nil || big {
+			return err // a big account's posts are merged in at read time
+		}
+		followers, err := p.store.Followers(ctx, e.UserID)
+		if err != nil {
+			return err
+		}
+		for _, f := range followers {
+			w.add(Item{Recipient: f, Seq: rec.Seq, Op: OpPush, Posts: []domain.PostID{e.PostID}}, parts)
+		}
+	case events.PostDeleted:
+		if err := p.store.RemoveFromOutbox(ctx, e.UserID, e.PostID); err != nil {
+			return err
+		}
+		// Also for big accounts: their followers may hold copies pushed before.
+		followers, err := p.store.Followers(ctx, e.UserID)
+		if err != nil {
+			return err
+		}
+		for _, f := range followers {
+			w.add(Item{Recipient: f, Seq: rec.Seq, Op: OpRemove, Posts: []domain.PostID{e.PostID}}, parts)
+		}
+	case events.UserFollowed:
+		if err := p.store.Follow(ctx, e.FollowerID, e.FolloweeID); err != nil {
+			return err
+		}
+		wasBig, err := p.isBig(ctx, e.FolloweeID)
+		if err != nil {
+			return err
+		}
+		big, err := p.updateBig(ctx, e.FolloweeID, wasBig, rec.Seq, w)
+		if err != nil || big {
+			return err
+		}
+		out, err := p.outbox(ctx, e.FolloweeID)
+		if err != nil {
+			return err
+		}
+		w.add(Item{Recipient: e.FollowerID, Seq: rec.Seq, Op: OpMerge, Posts: out.Posts, Floor: out.Floor}, parts)
+	case events.UserUnfollowed:
+		if err := p.store.Unfollow(ctx, e.FollowerID, e.FolloweeID); err != nil {
+			return err
+		}
+		wasBig, err := p.isBig(ctx, e.FolloweeID)
+		if err != nil {
+			return err
+		}
+		if _, err := p.updateBig(ctx, e.FolloweeID, wasBig, rec.Seq, w); err != nil {
+			return err
+		}
+		out, err := p.outbox(ctx, e.FolloweeID)
+		if err != nil {
+			return err
+		}
+		w.add(Item{Recipient: e.FollowerID, Seq: rec.Seq, Op: OpUnmerge, Posts: out.Posts, Floor: out.Floor}, parts)
+	}
+	// Edits, likes and comments change no feed: pages are hydrated from the
+	// read model.
+	return nil
+}
+
+func (p *Planner) isBig(ctx context.Context, user domain.UserID) (bool, error) {
+	big, err := p.store.BigAccounts(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, b := range big {
+		if b == user {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// updateBig keeps the set of big accounts, whose posts are not pushed. An
+// account that stops being big gets its outbox merged into every follower's
+// inbox, since its posts of the big period were never pushed.
+func (p *Planner) updateBig(ctx context.Context, user domain.UserID, wasBig bool, seq uint64, w *work) (bool, error) {
+	n, err := p.store.FollowerCount(ctx, user)
+	if err != nil {
+		return false, err
+	}
+	big := n > int64(p.store.Config().BigThreshold)
+	if big == wasBig {
+		return big, nil
+	}
+	if err := p.store.SetBig(ctx, user, big); err != nil {
+		return false, err
+	}
+	if !big {
+		out, err := p.outbox(ctx, user)
+		if err != nil {
+			return false, err
+		}
+		followers, err := p.store.Followers(ctx, user)
+		if err != nil {
+			return false, err
+		}
+		for _, f := range followers {
+			w.add(Item{Recipient: f, Seq: seq, Op: OpMerge, Posts: out.Posts, Floor: out.Floor}, p.cfg.Partitions)
+		}
+	}
+	return big, nil
+}
+
+func (p *Planner) outbox(ctx context.Context, user domain.UserID) (Outbox, error) {
+	m, err := p.store.Outboxes(ctx, []domain.UserID{user})
+	if err != nil {
+		return Outbox{}, err
+	}
+	return m[user], nil
+}
+
+// Materialise builds the inboxes readers asked for (cold start): each from the
+// outboxes of the user's followees, except big accounts, as of the planner's
+// position, and sent in order with the user's other work, so that no push,
+// unfollow or delete can be lost or undone by it.
+func (p *Planner) Materialise(ctx context.Context, max int) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	users, err := p.store.PopMaterialiseRequests(ctx, max)
+	if err != nil || len(users) == 0 {
+		return 0, err
+	}
+	cp, err := p.store.PlannerPosition(ctx)
+	if err != nil {
+		return 0, err
+	}
+	bigList, err := p.store.BigAccounts(ctx)
+	if err != nil {
+		return 0, err
+	}
+	big := map[domain.UserID]bool{}
+	for _, b := range bigList {
+		big[b] = true
+	}
+	w := p.newWork()
+	for _, u := range users {
+		followees, err := p.store.Following(ctx, u)
+		if err != nil {
+			return 0, err
+		}
+		var authors []domain.UserID
+		for _, f := range followees {
+			if !big[f] {
+				authors = append(authors, f)
+			}
+		}
+		outs, err := p.store.Outboxes(ctx, authors)
+		if err != nil {
+			return 0, err
+		}
+		posts, floor := mergeOutboxes(outs, p.store.Config().InboxCap)
+		w.add(Item{Recipient: u, Seq: cp, Op: OpMaterialise, Posts: posts, Floor: floor}, p.cfg.Partitions)
+	}
+	return len(users), p.publish(ctx, w, cp, cp)
+}
+
+// mergeOutboxes is the newest limit posts of the outboxes and how far down they
+// are complete: no lower than any outbox's own floor, nor than the last post
+// kept when there were more.
+func mergeOutboxes(outs map[domain.UserID]Outbox, limit int) ([]domain.PostID, int64) {
+	var all []domain.PostID
+	var floor int64
+	for _, o := range outs {
+		all = append(all, o.Posts...)
+		floor = max(floor, o.Floor)
+	}
+	sortDesc(all)
+	kept := all[:0]
+	for _, id := range all {
+		if int64(id) >= floor {
+			kept = append(kept, id)
+		}
+	}
+	if len(kept) > limit {
+		kept = kept[:limit]
+		floor = int64(kept[len(kept)-1])
+	}
+	return kept, floor
+}
+
+func sortDesc(ids []domain.PostID) {
+	slices.SortFunc(ids, func(a, b domain.PostID) int { return cmp.Compare(b, a) })
+}
+
+// publish sends the work, chunked, to each partition's subject and waits for
+// the log to store it. Message ids make a re-publish after a crash a no-op.
+func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) error {
+	if w.n == 0 {
+		return nil
+	}
+	var acks []jetstream.PubAckFuture
+	for part, items := range w.parts {
+		for chunk := 0; len(items) > 0; chunk++ {
+			n := min(len(items), p.cfg.ItemsPerMessage)
+			data, err := json.Marshal(items[:n])
+			if err != nil {
+				return fmt.Errorf("encode work: %w", err)
+			}
+			msg := nats.NewMsg(fmt.Sprintf("fanout.%d", part))
+			msg.Data = data
+			msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%d-%d-%d-%d-%d", first, last, part, chunk, n))
+			// The first log sequence the work comes from: the feeds' position is
+			// just below the oldest work not yet applied.
+			msg.Header.Set(fromHeader, strconv.FormatUint(first, 10))
+			ack, err := p.js.PublishMsgAsync(msg)
+			if err != nil {
+				return fmt.Errorf("publish work: %w", err)
+			}
+			acks = append(acks, ack)
+			items = items[n:]
+		}
+	}
+	for _, a := range acks {
+		select {
+		case <-a.Ok():
+		case err := <-a.Err():
+			return fmt.Errorf("publish work: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}

@@ -1,0 +1,91 @@
+package feeds
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/feedproject/feed/domain"
+)
+
+// Reader is the read side of the home feed in Redis.
+type Reader struct {
+	store *Store
+	js    jetstream.JetStream
+}
+
+// NewReader returns a reader of store; js finds the feeds' position.
+func NewReader(store *Store, js jetstream.JetStream) *Reader {
+	return &Reader{store: store, js: js}
+}
+
+// Page is the cached part of a home feed page for user (see Store.Page), with
+// the posts of the big accounts the user follows merged in.
+func (r *Reader) Page(ctx context.Context, user domain.UserID, before int64, n int) (Page, error) {
+	big, err := r.store.BigAccounts(ctx)
+	if err != nil {
+		return Page{}, err
+	}
+	var followed []domain.UserID
+	if len(big) > 0 {
+		members := make([]any, len(big))
+		for i, b := range big {
+			members[i] = int64(b)
+		}
+		is, err := r.store.rdb.SMIsMember(ctx, stUserKey(user, stFollowsSuffix), members...).Result()
+		if err != nil {
+			return Page{}, stFail(fmt.Sprintf("big followees of %d", user), err)
+		}
+		for i, yes := range is {
+			if yes {
+				followed = append(followed, big[i])
+			}
+		}
+	}
+	return r.store.Page(ctx, user, followed, before, n)
+}
+
+// RequestMaterialise asks the planner to build the user's inbox.
+func (r *Reader) RequestMaterialise(ctx context.Context, user domain.UserID) error {
+	return r.store.RequestMaterialise(ctx, user)
+}
+
+// Position is how far the feeds reflect the log (see Position).
+func (r *Reader) Position(ctx context.Context) (uint64, error) {
+	return Position(ctx, r.store, r.js)
+}
+
+// advancePosition moves the planner's position from `from` to `to` only if it
+// is still `from`: if Redis lost the planner's state during a batch (the key is
+// gone or older), the batch must not be recorded as done on top of it.
+var advancePosition = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+	redis.call('SET', KEYS[1], ARGV[2])
+	return 1
+end
+return 0`)
+
+// initPosition makes the planner's position key exist (at 0) before the first
+// batch, so that its absence always means lost state.
+func (s *Store) initPlannerPosition(ctx context.Context) error {
+	if err := s.rdb.SetNX(ctx, stPlannerPosKey, "0", 0).Err(); err != nil {
+		return stFail("initialise planner position", err)
+	}
+	return nil
+}
+
+func (s *Store) advancePlannerPosition(ctx context.Context, from, to uint64) error {
+	ok, err := advancePosition.Run(ctx, s.rdb, []string{stPlannerPosKey},
+		strconv.FormatUint(from, 10), strconv.FormatUint(to, 10)).Int()
+	if err != nil {
+		return stFail("advance planner position", err)
+	}
+	if ok != 1 {
+		return fmt.Errorf("planner position moved from %d during the batch: %w", from, errStateLost)
+	}
+	return nil
+}

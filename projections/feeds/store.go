@@ -1,0 +1,715 @@
+package feeds
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/feedproject/feed/domain"
+)
+
+// Config tunes a Store. Its zero value works: every zero field takes its
+// default.
+type Config struct {
+	// InboxCap is how many posts an inbox keeps (default 500). Redis's
+	// zset-max-listpack-entries must be at least InboxCap+2 for inboxes to stay
+	// in the compact encoding (see CheckListpack).
+	InboxCap int
+	// OutboxCap is how many posts an outbox keeps (default 500).
+	OutboxCap int
+	// TTL is how long an inbox lives after it was materialised or last read
+	// (default 7 days). Expired users stop receiving pushes.
+	TTL time.Duration
+	// BigThreshold is the follower count above which an author is not pushed to
+	// followers; their posts are merged in at read time (default 10000).
+	BigThreshold int
+}
+
+const (
+	stDefaultInboxCap     = 500
+	stDefaultOutboxCap    = 500
+	stDefaultTTL          = 7 * 24 * time.Hour
+	stDefaultBigThreshold = 10000
+
+	// stWarmingTTL is how long a materialisation request suppresses repeats.
+	stWarmingTTL = 30 * time.Second
+)
+
+// Global keys. Persisted names: never rename them (see the package doc).
+const (
+	stBigKey         = "feed:big"
+	stWarmKey        = "feed:warm"
+	stPlannerPosKey  = "feed:planner:pos"
+	stInboxSuffix    = "in"
+	stOutboxSuffix   = "out"
+	stFollowerSuffix = "fol"
+	stFollowsSuffix  = "fng"
+	stWarmingSuffix  = "warming"
+)
+
+// stUserKey names one of a user's keys; the user id is the hash tag, so all of
+// a user's keys live in one Redis Cluster slot.
+func stUserKey(u domain.UserID, suffix string) string {
+	return "feed:{" + strconv.FormatInt(int64(u), 10) + "}:" + suffix
+}
+
+func stWithDefaults(c Config) Config {
+	if c.InboxCap <= 0 {
+		c.InboxCap = stDefaultInboxCap
+	}
+	if c.OutboxCap <= 0 {
+		c.OutboxCap = stDefaultOutboxCap
+	}
+	if c.TTL <= 0 {
+		c.TTL = stDefaultTTL
+	}
+	if c.BigThreshold <= 0 {
+		c.BigThreshold = stDefaultBigThreshold
+	}
+	return c
+}
+
+// Store reads and writes the feeds in Redis. It is safe for concurrent use.
+type Store struct {
+	rdb       redis.UniversalClient
+	cfg       Config
+	apply     *redis.Script
+	outboxAdd *redis.Script
+}
+
+// NewStore returns a store over rdb (a client, a cluster client or a ring).
+func NewStore(rdb redis.UniversalClient, cfg Config) *Store {
+	return &Store{
+		rdb:       rdb,
+		cfg:       stWithDefaults(cfg),
+		apply:     redis.NewScript(stApplyLua),
+		outboxAdd: redis.NewScript(stOutboxAddLua),
+	}
+}
+
+// Config returns the store's configuration with the defaults filled in.
+func (s *Store) Config() Config { return s.cfg }
+
+// Op is what a work item does to an inbox. Its values are sent to the apply
+// script: never reorder them.
+type Op uint8
+
+// The work item operations.
+const (
+	// OpPush adds a new post (if it is not below the inbox floor).
+	OpPush Op = iota + 1
+	// OpRemove removes a deleted post.
+	OpRemove
+	// OpMerge merges a newly followed author's outbox: raises the floor to the
+	// item's and adds the posts at or above it.
+	OpMerge
+	// OpUnmerge removes an unfollowed author's posts and raises the floor to the
+	// item's.
+	OpUnmerge
+	// OpMaterialise creates a missing inbox from the given posts and floor.
+	OpMaterialise
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpPush:
+		return "push"
+	case OpRemove:
+		return "remove"
+	case OpMerge:
+		return "merge"
+	case OpUnmerge:
+		return "unmerge"
+	case OpMaterialise:
+		return "materialise"
+	}
+	return "op(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Item is one change to one recipient's inbox.
+type Item struct {
+	Recipient domain.UserID
+	// Seq is the log sequence the item comes from (for materialise, the
+	// planner's position when it read the outboxes). An inbox skips items at or
+	// below the last sequence it applied, which makes redelivery harmless.
+	Seq uint64
+	Op  Op
+	// Posts: exactly one for push and remove; the author's outbox posts for
+	// merge and unmerge; the followees' posts for materialise.
+	Posts []domain.PostID
+	// Floor is, for merge and unmerge, the author's outbox floor and, for
+	// materialise, the lowest id from which Posts are complete.
+	Floor int64
+}
+
+func stCheckItem(it Item) error {
+	switch {
+	case it.Recipient <= 0:
+		return fmt.Errorf("recipient %d is not a user id: %w", it.Recipient, domain.ErrInvalid)
+	case it.Op < OpPush || it.Op > OpMaterialise:
+		return fmt.Errorf("unknown op %d: %w", it.Op, domain.ErrInvalid)
+	case (it.Op == OpPush || it.Op == OpRemove) && len(it.Posts) != 1:
+		return fmt.Errorf("%s carries %d posts, not one: %w", it.Op, len(it.Posts), domain.ErrInvalid)
+	case it.Seq >= domain.MaxID:
+		return fmt.Errorf("seq %d is not below 2^53: %w", it.Seq, domain.ErrInvalid)
+	case it.Floor < 0 || it.Floor >= domain.MaxID:
+		return fmt.Errorf("floor %d outside [0, 2^53): %w", it.Floor, domain.ErrInvalid)
+	}
+	for _, p := range it.Posts {
+		if p <= 0 || p >= domain.MaxID {
+			return fmt.Errorf("post %d outside [1, 2^53): %w", p, domain.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// stApplyCall is one run of the apply script: all of one recipient's items.
+type stApplyCall struct {
+	recipient domain.UserID
+	args      []any
+}
+
+// ApplyItems applies items to their recipients' inboxes and returns how many
+// were applied (the rest were skipped: applied before, or the inbox is not
+// materialised). Items of the same recipient are applied in the order given, all
+// in one script run, so that no item can take effect after a later one of the
+// same recipient failed; different recipients' runs are pipelined. Invalid items
+// fail the whole call before anything is written. On an error some recipients
+// may have been updated; applying the same items again is safe.
+func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err error) {
+	if len(items) == 0 {
+		return 0, nil
+	}
+	byRecipient := make(map[domain.UserID]int) // index into calls
+	var calls []stApplyCall
+	ttl := max(s.cfg.TTL.Milliseconds(), 1)
+	for i, it := range items {
+		if err := stCheckItem(it); err != nil {
+			return 0, fmt.Errorf("apply feed items: item %d: %w", i, err)
+		}
+		ci, ok := byRecipient[it.Recipient]
+		if !ok {
+			ci = len(calls)
+			byRecipient[it.Recipient] = ci
+			calls = append(calls, stApplyCall{
+				recipient: it.Recipient,
+				args:      []any{strconv.Itoa(s.cfg.InboxCap), strconv.FormatInt(ttl, 10)},
+			})
+		}
+		calls[ci].args = s.stAppendItem(calls[ci].args, it)
+	}
+
+	n, retry, err := s.stRunApply(ctx, calls)
+	applied += n
+	if err == nil && len(retry) > 0 {
+		// The script cache was flushed (a restart, SCRIPT FLUSH). The calls that
+		// failed wrote nothing, so loading the script and running them again
+		// keeps every recipient's order.
+		if err := s.apply.Load(ctx, s.rdb).Err(); err != nil {
+			return applied, stFail("apply feed items: load script", err)
+		}
+		n, retry, err = s.stRunApply(ctx, retry)
+		applied += n
+		if err == nil && len(retry) > 0 {
+			err = fmt.Errorf("apply feed items for user %d: script cache flushed twice: %w", retry[0].recipient, domain.ErrUnavailable)
+		}
+	}
+	return applied, err
+}
+
+// stAppendItem appends the script arguments of one item: op, seq, floor, n,
+// posts.
+func (s *Store) stAppendItem(args []any, it Item) []any {
+	posts, floor := it.Posts, it.Floor
+	if it.Op == OpMaterialise {
+		posts, floor = stNewest(posts, floor, s.cfg.InboxCap)
+	}
+	args = append(args,
+		strconv.Itoa(int(it.Op)),
+		strconv.FormatUint(it.Seq, 10),
+		strconv.FormatInt(floor, 10),
+		strconv.Itoa(len(posts)))
+	for _, p := range posts {
+		args = append(args, strconv.FormatInt(int64(p), 10))
+	}
+	return args
+}
+
+// stNewest returns the at most limit newest posts at or above floor, and the
+// floor from which they are complete: the lowest kept when some were cut. This
+// is exactly what trimming the new inbox would keep, without sending the posts
+// a cold user's many followees have that trimming would drop.
+func stNewest(posts []domain.PostID, floor int64, limit int) ([]domain.PostID, int64) {
+	kept := make([]domain.PostID, 0, len(posts))
+	for _, p := range posts {
+		if int64(p) >= floor {
+			kept = append(kept, p)
+		}
+	}
+	if len(kept) <= limit {
+		return kept, floor
+	}
+	slices.SortFunc(kept, func(a, b domain.PostID) int { return cmp.Compare(b, a) })
+	kept = slices.Compact(kept)
+	if len(kept) <= limit {
+		return kept, floor
+	}
+	kept = kept[:limit]
+	return kept, int64(kept[limit-1])
+}
+
+// stRunApply pipelines the calls and returns how many items they applied and
+// the calls refused because the script was not cached.
+func (s *Store) stRunApply(ctx context.Context, calls []stApplyCall) (applied int, noScript []stApplyCall, err error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		cmds[i] = s.apply.EvalSha(ctx, pipe, []string{stUserKey(c.recipient, stInboxSuffix)}, c.args...)
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is looked at below
+	for i, cmd := range cmds {
+		n, cerr := cmd.Int()
+		switch {
+		case cerr == nil:
+			applied += n
+		case errors.Is(cerr, redis.ErrNoScript) || redis.HasErrorPrefix(cerr, "NOSCRIPT"):
+			noScript = append(noScript, calls[i])
+		case err == nil:
+			err = stFail(fmt.Sprintf("apply feed items for user %d", calls[i].recipient), cerr)
+		}
+	}
+	return applied, noScript, err
+}
+
+// AddToOutbox adds post to author's outbox, trimming it to OutboxCap and
+// raising its floor. A post below the floor is ignored, so a replay is harmless.
+func (s *Store) AddToOutbox(ctx context.Context, author domain.UserID, post domain.PostID) error {
+	key := stUserKey(author, stOutboxSuffix)
+	err := s.outboxAdd.Run(ctx, s.rdb, []string{key}, strconv.FormatInt(int64(post), 10), strconv.Itoa(s.cfg.OutboxCap)).Err()
+	if err != nil {
+		return stFail(fmt.Sprintf("add post %d to outbox of user %d", post, author), err)
+	}
+	return nil
+}
+
+// RemoveFromOutbox removes post from author's outbox (its floor stays).
+func (s *Store) RemoveFromOutbox(ctx context.Context, author domain.UserID, post domain.PostID) error {
+	if err := s.rdb.ZRem(ctx, stUserKey(author, stOutboxSuffix), strconv.FormatInt(int64(post), 10)).Err(); err != nil {
+		return stFail(fmt.Sprintf("remove post %d from outbox of user %d", post, author), err)
+	}
+	return nil
+}
+
+// Outbox is an author's recent posts.
+type Outbox struct {
+	// Posts are newest first.
+	Posts []domain.PostID
+	// Floor: Posts are exactly the author's live posts with id >= Floor.
+	Floor int64
+}
+
+// Outboxes returns the outboxes of authors; an author without one gets an empty
+// outbox with floor 0 (no posts at all).
+func (s *Store) Outboxes(ctx context.Context, authors []domain.UserID) (map[domain.UserID]Outbox, error) {
+	out := make(map[domain.UserID]Outbox, len(authors))
+	if len(authors) == 0 {
+		return out, nil
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.ZSliceCmd, len(authors))
+	for i, a := range authors {
+		cmds[i] = pipe.ZRevRangeWithScores(ctx, stUserKey(a, stOutboxSuffix), 0, -1)
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is looked at below
+	for i, cmd := range cmds {
+		zs, err := cmd.Result()
+		if err != nil {
+			return nil, stFail(fmt.Sprintf("read outbox of user %d", authors[i]), err)
+		}
+		ob := Outbox{Posts: make([]domain.PostID, 0, len(zs))}
+		for _, z := range zs {
+			m, _ := z.Member.(string)
+			if m == "f" {
+				ob.Floor = stSpecial(z.Score)
+				continue
+			}
+			p, err := stParsePost(m)
+			if err != nil {
+				return nil, fmt.Errorf("read outbox of user %d: %w", authors[i], err)
+			}
+			ob.Posts = append(ob.Posts, p)
+		}
+		out[authors[i]] = ob
+	}
+	return out, nil
+}
+
+// Follow records that follower follows followee. The two sets live in
+// different slots, so the writes are not atomic; both are idempotent and the
+// planner replays them after a crash.
+func (s *Store) Follow(ctx context.Context, follower, followee domain.UserID) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.SAdd(ctx, stUserKey(followee, stFollowerSuffix), int64(follower))
+		p.SAdd(ctx, stUserKey(follower, stFollowsSuffix), int64(followee))
+		return nil
+	})
+	if err != nil {
+		return stFail(fmt.Sprintf("record user %d follows %d", follower, followee), err)
+	}
+	return nil
+}
+
+// Unfollow records that follower no longer follows followee.
+func (s *Store) Unfollow(ctx context.Context, follower, followee domain.UserID) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.SRem(ctx, stUserKey(followee, stFollowerSuffix), int64(follower))
+		p.SRem(ctx, stUserKey(follower, stFollowsSuffix), int64(followee))
+		return nil
+	})
+	if err != nil {
+		return stFail(fmt.Sprintf("record user %d unfollows %d", follower, followee), err)
+	}
+	return nil
+}
+
+// Followers returns the users who follow user, in no particular order.
+func (s *Store) Followers(ctx context.Context, user domain.UserID) ([]domain.UserID, error) {
+	return s.stUsers(ctx, stUserKey(user, stFollowerSuffix), fmt.Sprintf("read followers of user %d", user))
+}
+
+// FollowerCount returns how many users follow user.
+func (s *Store) FollowerCount(ctx context.Context, user domain.UserID) (int64, error) {
+	n, err := s.rdb.SCard(ctx, stUserKey(user, stFollowerSuffix)).Result()
+	if err != nil {
+		return 0, stFail(fmt.Sprintf("count followers of user %d", user), err)
+	}
+	return n, nil
+}
+
+// Following returns the users user follows, in no particular order.
+func (s *Store) Following(ctx context.Context, user domain.UserID) ([]domain.UserID, error) {
+	return s.stUsers(ctx, stUserKey(user, stFollowsSuffix), fmt.Sprintf("read followees of user %d", user))
+}
+
+// SetBig marks user as a big account (not pushed; merged at read time) or not.
+func (s *Store) SetBig(ctx context.Context, user domain.UserID, big bool) error {
+	var err error
+	if big {
+		err = s.rdb.SAdd(ctx, stBigKey, int64(user)).Err()
+	} else {
+		err = s.rdb.SRem(ctx, stBigKey, int64(user)).Err()
+	}
+	if err != nil {
+		return stFail(fmt.Sprintf("mark user %d big=%t", user, big), err)
+	}
+	return nil
+}
+
+// BigAccounts returns the big accounts, in no particular order.
+func (s *Store) BigAccounts(ctx context.Context) ([]domain.UserID, error) {
+	return s.stUsers(ctx, stBigKey, "read big accounts")
+}
+
+// BigFollowees returns those of the big accounts big that user follows, in
+// big's order: the authors whose outboxes Page merges in for user.
+func (s *Store) BigFollowees(ctx context.Context, user domain.UserID, big []domain.UserID) ([]domain.UserID, error) {
+	if len(big) == 0 {
+		return nil, nil
+	}
+	members := make([]any, len(big))
+	for i, b := range big {
+		members[i] = int64(b)
+	}
+	is, err := s.rdb.SMIsMember(ctx, stUserKey(user, stFollowsSuffix), members...).Result()
+	if err != nil {
+		return nil, stFail(fmt.Sprintf("read big followees of user %d", user), err)
+	}
+	var followed []domain.UserID
+	for i, yes := range is {
+		if yes {
+			followed = append(followed, big[i])
+		}
+	}
+	return followed, nil
+}
+
+func (s *Store) stUsers(ctx context.Context, key, what string) ([]domain.UserID, error) {
+	ms, err := s.rdb.SMembers(ctx, key).Result()
+	if err != nil {
+		return nil, stFail(what, err)
+	}
+	users := make([]domain.UserID, 0, len(ms))
+	for _, m := range ms {
+		u, err := strconv.ParseInt(m, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: member %q is not a user id", what, m)
+		}
+		users = append(users, domain.UserID(u))
+	}
+	return users, nil
+}
+
+// PlannerPosition returns the log sequence the planner has finished (0 if it
+// never ran).
+func (s *Store) PlannerPosition(ctx context.Context) (uint64, error) {
+	v, err := s.rdb.Get(ctx, stPlannerPosKey).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, stFail("read planner position", err)
+	}
+	seq, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("read planner position: %q is not a sequence", v)
+	}
+	return seq, nil
+}
+
+// SetPlannerPosition records the log sequence the planner has finished.
+func (s *Store) SetPlannerPosition(ctx context.Context, seq uint64) error {
+	if err := s.rdb.Set(ctx, stPlannerPosKey, strconv.FormatUint(seq, 10), 0).Err(); err != nil {
+		return stFail(fmt.Sprintf("set planner position %d", seq), err)
+	}
+	return nil
+}
+
+// Page is a page of a home feed as far as Redis knows it.
+type Page struct {
+	// Materialised is whether the user has an inbox; if not, the feed must come
+	// from Postgres (and a materialisation should be requested).
+	Materialised bool
+	// Posts are newest first, below the page's `before`, at or above Floor,
+	// merged from the inbox and the big authors' outboxes without duplicates.
+	Posts []domain.PostID
+	// Floor is the effective floor: the highest of the inbox's and the big
+	// authors' floors. The feed's posts at or above it are all known here; those
+	// below it must come from Postgres.
+	Floor int64
+}
+
+// Page reads at most n posts of user's home feed strictly below before (0: from
+// the newest), merging in the outboxes of bigFollowees (the big accounts user
+// follows), and refreshes the inbox's TTL. Each key is read atomically with
+// its floor, so a concurrent trim cannot leave a gap above the floor reported.
+func (s *Store) Page(ctx context.Context, user domain.UserID, bigFollowees []domain.UserID, before int64, n int) (Page, error) {
+	what := fmt.Sprintf("read feed page of user %d", user)
+	if n < 1 || before < 0 {
+		return Page{}, fmt.Errorf("%s: n=%d, before=%d: %w", what, n, before, domain.ErrInvalid)
+	}
+	by := &redis.ZRangeBy{Min: "1", Max: "+inf", Count: int64(n)}
+	if before > 0 {
+		by.Max = "(" + strconv.FormatInt(before, 10)
+	}
+	type source struct {
+		who   domain.UserID
+		floor *redis.FloatCmd
+		posts *redis.StringSliceCmd
+	}
+	inKey := stUserKey(user, stInboxSuffix)
+	pipe := s.rdb.TxPipeline()
+	in := source{who: user, floor: pipe.ZScore(ctx, inKey, "f"), posts: pipe.ZRevRangeByScore(ctx, inKey, by)}
+	pipe.PExpire(ctx, inKey, s.cfg.TTL)
+	outs := make([]source, 0, len(bigFollowees))
+	for _, a := range bigFollowees {
+		k := stUserKey(a, stOutboxSuffix)
+		outs = append(outs, source{who: a, floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)})
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Page{}, stFail(what, err)
+	}
+
+	// read returns a source's posts, whether its key exists, and its floor.
+	read := func(src source) ([]string, bool, int64, error) {
+		f, err := src.floor.Result()
+		if errors.Is(err, redis.Nil) {
+			return nil, false, 0, nil
+		}
+		if err != nil {
+			return nil, false, 0, stFail(what, err)
+		}
+		ms, err := src.posts.Result()
+		if err != nil {
+			return nil, false, 0, stFail(what, err)
+		}
+		return ms, true, stSpecial(f), nil
+	}
+	members, ok, floor, err := read(in)
+	if err != nil || !ok {
+		return Page{}, err
+	}
+	all := make([]string, 0, n*(1+len(outs)))
+	all = append(all, members...)
+	for _, o := range outs {
+		ms, _, f, err := read(o)
+		if err != nil {
+			return Page{}, err
+		}
+		floor = max(floor, f)
+		all = append(all, ms...)
+	}
+	posts := make([]domain.PostID, 0, len(all))
+	for _, m := range all {
+		p, err := stParsePost(m)
+		if err != nil {
+			return Page{}, fmt.Errorf("%s: %w", what, err)
+		}
+		if int64(p) >= floor {
+			posts = append(posts, p)
+		}
+	}
+	// Each source gave its n newest, so the n newest distinct posts overall are
+	// among them.
+	slices.SortFunc(posts, func(a, b domain.PostID) int { return cmp.Compare(b, a) })
+	posts = slices.Compact(posts)
+	if len(posts) > n {
+		posts = posts[:n]
+	}
+	return Page{Materialised: true, Posts: posts, Floor: floor}, nil
+}
+
+// RequestMaterialise asks for user's inbox to be built, at most once per 30
+// seconds per user.
+func (s *Store) RequestMaterialise(ctx context.Context, user domain.UserID) error {
+	what := fmt.Sprintf("request materialisation of user %d", user)
+	marker := stUserKey(user, stWarmingSuffix)
+	set, err := s.rdb.SetNX(ctx, marker, "1", stWarmingTTL).Result()
+	if err != nil {
+		return stFail(what, err)
+	}
+	if !set {
+		return nil
+	}
+	if err := s.rdb.LPush(ctx, stWarmKey, int64(user)).Err(); err != nil {
+		// Let the next read ask again rather than wait for the marker to expire;
+		// if this fails too, the marker expires on its own.
+		_ = s.rdb.Del(context.WithoutCancel(ctx), marker).Err()
+		return stFail(what, err)
+	}
+	return nil
+}
+
+// PopMaterialiseRequests takes up to n materialisation requests, oldest first.
+func (s *Store) PopMaterialiseRequests(ctx context.Context, n int) ([]domain.UserID, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("pop materialisation requests: n=%d: %w", n, domain.ErrInvalid)
+	}
+	ms, err := s.rdb.RPopCount(ctx, stWarmKey, n).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, stFail("pop materialisation requests", err)
+	}
+	users := make([]domain.UserID, 0, len(ms))
+	for _, m := range ms {
+		u, err := strconv.ParseInt(m, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("pop materialisation requests: %q is not a user id", m)
+		}
+		users = append(users, domain.UserID(u))
+	}
+	return users, nil
+}
+
+// Inbox returns user's whole inbox: its posts newest first, its floor, the
+// sequence of the last item applied, and whether it exists. It does not refresh
+// the TTL.
+func (s *Store) Inbox(ctx context.Context, user domain.UserID) (posts []domain.PostID, floor int64, seq uint64, ok bool, err error) {
+	what := fmt.Sprintf("read inbox of user %d", user)
+	zs, err := s.rdb.ZRevRangeWithScores(ctx, stUserKey(user, stInboxSuffix), 0, -1).Result()
+	if err != nil {
+		return nil, 0, 0, false, stFail(what, err)
+	}
+	if len(zs) == 0 {
+		return nil, 0, 0, false, nil
+	}
+	posts = make([]domain.PostID, 0, len(zs))
+	for _, z := range zs {
+		m, _ := z.Member.(string)
+		switch m {
+		case "f":
+			floor = stSpecial(z.Score)
+		case "s":
+			seq = uint64(stSpecial(z.Score))
+		default:
+			p, err := stParsePost(m)
+			if err != nil {
+				return nil, 0, 0, false, fmt.Errorf("%s: %w", what, err)
+			}
+			posts = append(posts, p)
+		}
+	}
+	return posts, floor, seq, true, nil
+}
+
+// CheckListpack returns Redis's zset-max-listpack-entries (zset-max-ziplist-
+// entries before Redis 7). Inboxes stay compact only if it is at least
+// InboxCap+2 (the posts and the two specials); the caller warns if not.
+func (s *Store) CheckListpack(ctx context.Context) (entries int64, err error) {
+	for _, name := range []string{"zset-max-listpack-entries", "zset-max-ziplist-entries"} {
+		kv, err := s.rdb.ConfigGet(ctx, name).Result()
+		if err != nil {
+			return 0, stFail("read "+name, err)
+		}
+		if v, ok := kv[name]; ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("read %s: %q is not a number", name, v)
+			}
+			return n, nil
+		}
+	}
+	return 0, errors.New("read zset-max-listpack-entries: the server reports neither it nor zset-max-ziplist-entries")
+}
+
+// stSpecial decodes a special member's score -(v+1).
+func stSpecial(score float64) int64 { return -int64(score) - 1 }
+
+func stParsePost(m string) (domain.PostID, error) {
+	p, err := strconv.ParseInt(m, 10, 64)
+	if err != nil || p <= 0 {
+		return 0, fmt.Errorf("member %q is not a post id", m)
+	}
+	return domain.PostID(p), nil
+}
+
+// stFail wraps err with what was being done, marking failures to reach Redis
+// as domain.ErrUnavailable so that readers fall back to Postgres.
+func stFail(what string, err error) error {
+	if stUnreachable(err) {
+		return fmt.Errorf("%s: %w: %w", what, domain.ErrUnavailable, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// stUnreachable tells a failure to reach Redis (no connection, a connection
+// lost, a deadline, a server loading or without a master) from a failure of the
+// command itself.
+func stUnreachable(err error) bool {
+	var netErr net.Error
+	switch {
+	case errors.As(err, &netErr),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
+		errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		redis.IsLoadingError(err), redis.IsClusterDownError(err), redis.IsTryAgainError(err),
+		redis.IsMasterDownError(err), redis.IsMaxClientsError(err):
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "i/o timeout") ||
+		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe")
+}

@@ -1,0 +1,756 @@
+package feeds_test
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections/feeds"
+)
+
+// newStore starts a Redis of its own for the test and returns a store over it
+// and a raw client to look behind the store's back.
+func newStore(t *testing.T, cfg feeds.Config) (*feeds.Store, *redis.Client) {
+	t.Helper()
+	r := localstack.RedisForTest(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return feeds.NewStore(rdb, cfg), rdb
+}
+
+const alice, bob domain.UserID = 1, 2
+
+func ids(ps ...domain.PostID) []domain.PostID { return append([]domain.PostID{}, ps...) }
+
+func materialise(seq uint64, floor int64, posts ...domain.PostID) feeds.Item {
+	return feeds.Item{Recipient: alice, Seq: seq, Op: feeds.OpMaterialise, Posts: posts, Floor: floor}
+}
+
+func push(seq uint64, post domain.PostID) feeds.Item {
+	return feeds.Item{Recipient: alice, Seq: seq, Op: feeds.OpPush, Posts: ids(post)}
+}
+
+func remove(seq uint64, post domain.PostID) feeds.Item {
+	return feeds.Item{Recipient: alice, Seq: seq, Op: feeds.OpRemove, Posts: ids(post)}
+}
+
+func merge(seq uint64, floor int64, posts ...domain.PostID) feeds.Item {
+	return feeds.Item{Recipient: alice, Seq: seq, Op: feeds.OpMerge, Posts: posts, Floor: floor}
+}
+
+func unmerge(seq uint64, floor int64, posts ...domain.PostID) feeds.Item {
+	return feeds.Item{Recipient: alice, Seq: seq, Op: feeds.OpUnmerge, Posts: posts, Floor: floor}
+}
+
+// inboxState is what Store.Inbox reports.
+type inboxState struct {
+	posts []domain.PostID
+	floor int64
+	seq   uint64
+	ok    bool
+}
+
+func readInbox(t *testing.T, s *feeds.Store, user domain.UserID) inboxState {
+	t.Helper()
+	posts, floor, seq, ok, err := s.Inbox(t.Context(), user)
+	require.NoError(t, err)
+	return inboxState{posts, floor, seq, ok}
+}
+
+// TestApplyItems checks each work item's effect on alice's inbox (cap 3).
+func TestApplyItems(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t, feeds.Config{InboxCap: 3})
+	cases := []struct {
+		name        string
+		given       []feeds.Item
+		when        []feeds.Item
+		wantApplied int
+		then        inboxState
+	}{
+		{
+			name:        "push into a missing inbox creates nothing",
+			when:        []feeds.Item{push(5, 100)},
+			wantApplied: 0,
+			then:        inboxState{},
+		},
+		{
+			name:        "push at or above the floor is added",
+			given:       []feeds.Item{materialise(10, 50, 60)},
+			when:        []feeds.Item{push(11, 50), push(12, 70)},
+			wantApplied: 2,
+			then:        inboxState{ids(70, 60, 50), 50, 12, true},
+		},
+		{
+			name:        "push below the floor is ignored but recorded",
+			given:       []feeds.Item{materialise(10, 50, 60)},
+			when:        []feeds.Item{push(11, 40)},
+			wantApplied: 1,
+			then:        inboxState{ids(60), 50, 11, true},
+		},
+		{
+			name:        "trim keeps the cap newest and raises the floor to the oldest kept",
+			given:       []feeds.Item{materialise(10, 0, 10, 20, 30)},
+			when:        []feeds.Item{push(11, 40), push(12, 25)},
+			wantApplied: 2,
+			then:        inboxState{ids(40, 30, 25), 25, 12, true},
+		},
+		{
+			name:        "a push older than a trimmed-away post stays out",
+			given:       []feeds.Item{materialise(10, 0, 10, 20, 30), push(11, 40)},
+			when:        []feeds.Item{push(12, 15)},
+			wantApplied: 1,
+			then:        inboxState{ids(40, 30, 20), 20, 12, true},
+		},
+		{
+			name:        "a re-applied item (same seq) is a no-op",
+			given:       []feeds.Item{materialise(10, 0, 10), push(11, 20), remove(12, 20)},
+			when:        []feeds.Item{push(11, 20), push(12, 30), push(9, 40)},
+			wantApplied: 0,
+			then:        inboxState{ids(10), 0, 12, true},
+		},
+		{
+			name:        "remove takes the post out and keeps the floor",
+			given:       []feeds.Item{materialise(10, 5, 10, 20)},
+			when:        []feeds.Item{remove(11, 20), remove(12, 99)},
+			wantApplied: 2,
+			then:        inboxState{ids(10), 5, 12, true},
+		},
+		{
+			name:        "remove on a missing inbox creates nothing",
+			when:        []feeds.Item{remove(11, 20)},
+			wantApplied: 0,
+			then:        inboxState{},
+		},
+		{
+			name:        "merge raises the floor to the item's and drops older entries",
+			given:       []feeds.Item{materialise(10, 0, 10, 20)},
+			when:        []feeds.Item{merge(11, 15, 18, 30)},
+			wantApplied: 1,
+			then:        inboxState{ids(30, 20, 18), 15, 11, true},
+		},
+		{
+			name:        "merge adds only posts at or above the inbox floor",
+			given:       []feeds.Item{materialise(10, 15, 20)},
+			when:        []feeds.Item{merge(11, 0, 5, 14, 15, 25)},
+			wantApplied: 1,
+			then:        inboxState{ids(25, 20, 15), 15, 11, true},
+		},
+		{
+			name:        "merge trims to the cap",
+			given:       []feeds.Item{materialise(10, 0, 10, 20)},
+			when:        []feeds.Item{merge(11, 0, 15, 25, 35)},
+			wantApplied: 1,
+			then:        inboxState{ids(35, 25, 20), 20, 11, true},
+		},
+		{
+			name:        "merge on a missing inbox creates nothing",
+			when:        []feeds.Item{merge(11, 0, 15)},
+			wantApplied: 0,
+			then:        inboxState{},
+		},
+		{
+			name:        "unmerge removes the author's posts and raises the floor",
+			given:       []feeds.Item{materialise(10, 0, 5, 10, 20)},
+			when:        []feeds.Item{unmerge(11, 8, 10, 30)},
+			wantApplied: 1,
+			then:        inboxState{ids(20), 8, 11, true},
+		},
+		{
+			name:        "unmerge never lowers the floor",
+			given:       []feeds.Item{materialise(10, 15, 20, 30)},
+			when:        []feeds.Item{unmerge(11, 0, 30)},
+			wantApplied: 1,
+			then:        inboxState{ids(20), 15, 11, true},
+		},
+		{
+			name:        "materialise creates the inbox with the posts at or above the floor",
+			when:        []feeds.Item{materialise(7, 20, 10, 20, 30)},
+			wantApplied: 1,
+			then:        inboxState{ids(30, 20), 20, 7, true},
+		},
+		{
+			name:        "materialise trims to the cap",
+			when:        []feeds.Item{materialise(7, 0, 50, 10, 40, 20, 30)},
+			wantApplied: 1,
+			then:        inboxState{ids(50, 40, 30), 30, 7, true},
+		},
+		{
+			name:        "materialise on an existing inbox is a no-op",
+			given:       []feeds.Item{materialise(7, 0, 10)},
+			when:        []feeds.Item{materialise(20, 0, 30, 40)},
+			wantApplied: 0,
+			then:        inboxState{ids(10), 0, 7, true},
+		},
+		{
+			name:        "items after a materialise in the same batch apply in order",
+			when:        []feeds.Item{push(5, 1), materialise(7, 0, 10), push(7, 11), push(8, 12), remove(9, 10)},
+			wantApplied: 3,
+			then:        inboxState{ids(12), 0, 9, true},
+		},
+		{
+			name:        "53-bit ids and sequences survive exactly",
+			given:       []feeds.Item{materialise(domain.MaxID-10, domain.MaxID-9, domain.MaxID-9, domain.MaxID-8)},
+			when:        []feeds.Item{push(domain.MaxID-2, domain.MaxID-1), push(domain.MaxID-1, domain.MaxID-3)},
+			wantApplied: 2,
+			then:        inboxState{ids(domain.MaxID-1, domain.MaxID-3, domain.MaxID-8), domain.MaxID - 8, domain.MaxID - 1, true},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			require.NoError(t, rdb.FlushDB(ctx).Err())
+			// Given
+			_, err := s.ApplyItems(ctx, tc.given)
+			require.NoError(t, err)
+			// When
+			applied, err := s.ApplyItems(ctx, tc.when)
+			require.NoError(t, err)
+			// Then
+			assert.Equal(t, tc.wantApplied, applied, "applied")
+			assert.Equal(t, tc.then, readInbox(t, s, alice))
+		})
+	}
+}
+
+// TestApplyItemsKeepsEachRecipientsOrder interleaves two recipients' items in
+// one batch: each inbox sees its own items in order, the other's not at all.
+func TestApplyItemsKeepsEachRecipientsOrder(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, feeds.Config{})
+	ctx := t.Context()
+	forBob := func(it feeds.Item) feeds.Item { it.Recipient = bob; return it }
+	applied, err := s.ApplyItems(ctx, []feeds.Item{
+		materialise(1, 0, 10), forBob(materialise(1, 0)),
+		push(2, 20), forBob(push(2, 21)),
+		unmerge(3, 0, 10, 20), forBob(push(3, 31)),
+		push(4, 40), forBob(remove(4, 21)),
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 8, applied)
+	assert.Equal(t, inboxState{ids(40), 0, 4, true}, readInbox(t, s, alice))
+	assert.Equal(t, inboxState{ids(31), 0, 4, true}, readInbox(t, s, bob))
+}
+
+// TestApplyItemsMaterialisesManyPosts gives materialise far more posts than the
+// cap (a cold user with many followees): the inbox keeps the newest and its
+// floor is the oldest kept.
+func TestApplyItemsMaterialisesManyPosts(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, feeds.Config{InboxCap: 100})
+	var posts []domain.PostID
+	for i := 1; i <= 5000; i++ {
+		posts = append(posts, domain.PostID(i*7%5003+1)) // a scramble of distinct ids
+	}
+	posts = append(posts, posts[:50]...) // the same post from two outboxes
+	_, err := s.ApplyItems(t.Context(), []feeds.Item{materialise(3, 10, posts...)})
+	require.NoError(t, err)
+	got := readInbox(t, s, alice)
+	require.Len(t, got.posts, 100)
+	// The 5000 ids are 5000 distinct values of 1..5003; the newest 100 are
+	// 5003 down to a floor that is the last of them.
+	assert.Equal(t, domain.PostID(5003), got.posts[0])
+	assert.Equal(t, int64(got.posts[99]), got.floor)
+	for i := 1; i < len(got.posts); i++ {
+		assert.Less(t, got.posts[i], got.posts[i-1])
+	}
+}
+
+func TestApplyItemsRejectsInvalidItemsBeforeWriting(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, feeds.Config{})
+	ctx := t.Context()
+	for name, bad := range map[string]feeds.Item{
+		"push without a post": {Recipient: alice, Seq: 2, Op: feeds.OpPush},
+		"unknown op":          {Recipient: alice, Seq: 2, Op: 9},
+		"no recipient":        {Seq: 2, Op: feeds.OpPush, Posts: ids(5)},
+		"post out of range":   {Recipient: alice, Seq: 2, Op: feeds.OpPush, Posts: ids(domain.MaxID)},
+		"negative floor":      {Recipient: alice, Seq: 2, Op: feeds.OpMerge, Floor: -1},
+	} {
+		applied, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10), bad})
+		require.ErrorIs(t, err, domain.ErrInvalid, name)
+		assert.Zero(t, applied, name)
+		assert.False(t, readInbox(t, s, alice).ok, name)
+	}
+}
+
+// TestApplyItemsAfterScriptFlush: a restarted Redis has no scripts cached; the
+// items still apply, once each.
+func TestApplyItemsAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t, feeds.Config{})
+	ctx := t.Context()
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10)})
+	require.NoError(t, err)
+	require.NoError(t, rdb.ScriptFlush(ctx).Err())
+	applied, err := s.ApplyItems(ctx, []feeds.Item{push(2, 20), remove(3, 10)})
+	require.NoError(t, err)
+	assert.Equal(t, 2, applied)
+	assert.Equal(t, inboxState{ids(20), 0, 3, true}, readInbox(t, s, alice))
+}
+
+func TestOutbox(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, feeds.Config{OutboxCap: 3})
+	ctx := t.Context()
+
+	// Given an outbox at its cap
+	for _, p := range ids(10, 20, 30) {
+		require.NoError(t, s.AddToOutbox(ctx, alice, p))
+	}
+	// When two more posts and a replay of a trimmed one arrive, and one is deleted
+	require.NoError(t, s.AddToOutbox(ctx, alice, 40))
+	require.NoError(t, s.AddToOutbox(ctx, alice, 50))
+	require.NoError(t, s.AddToOutbox(ctx, alice, 10))
+	require.NoError(t, s.RemoveFromOutbox(ctx, alice, 40))
+	require.NoError(t, s.RemoveFromOutbox(ctx, alice, 40))
+
+	// Then it keeps the newest, the floor rose to the oldest kept, and the
+	// deletion left the floor alone; a missing outbox is empty from 0.
+	got, err := s.Outboxes(ctx, []domain.UserID{alice, bob})
+	require.NoError(t, err)
+	assert.Equal(t, map[domain.UserID]feeds.Outbox{
+		alice: {Posts: ids(50, 30), Floor: 30},
+		bob:   {Posts: []domain.PostID{}, Floor: 0},
+	}, got)
+}
+
+func TestPage(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t, feeds.Config{InboxCap: 4, OutboxCap: 3})
+	ctx := t.Context()
+	const big1, big2 domain.UserID = 100, 200
+
+	// Given alice's inbox 90..60 (floor 55) and two big authors' outboxes: big1
+	// lists 95, 70 (duplicated in the inbox), 58 (floor 58); big2 lists 80 (floor 0).
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 55, 60, 70, 80, 90)})
+	require.NoError(t, err)
+	for _, p := range ids(40, 58, 70, 95) {
+		require.NoError(t, s.AddToOutbox(ctx, big1, p))
+	}
+	require.NoError(t, s.AddToOutbox(ctx, big2, 80))
+
+	cases := []struct {
+		name   string
+		big    []domain.UserID
+		before int64
+		n      int
+		want   feeds.Page
+	}{
+		{"the inbox alone", nil, 0, 10, feeds.Page{Materialised: true, Posts: ids(90, 80, 70, 60), Floor: 55}},
+		{"merged and deduplicated; the floor is the highest", []domain.UserID{big1, big2}, 0, 10,
+			feeds.Page{Materialised: true, Posts: ids(95, 90, 80, 70, 60, 58), Floor: 58}},
+		{"at most n", []domain.UserID{big1, big2}, 0, 3, feeds.Page{Materialised: true, Posts: ids(95, 90, 80), Floor: 58}},
+		{"strictly below before", []domain.UserID{big1, big2}, 80, 2, feeds.Page{Materialised: true, Posts: ids(70, 60), Floor: 58}},
+		{"down to the floor", []domain.UserID{big1}, 60, 5, feeds.Page{Materialised: true, Posts: ids(58), Floor: 58}},
+		{"nothing below the floor", []domain.UserID{big1}, 58, 5, feeds.Page{Materialised: true, Posts: ids(), Floor: 58}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := s.Page(ctx, alice, tc.big, tc.before, tc.n)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+
+	t.Run("a user without an inbox is not materialised", func(t *testing.T) {
+		got, err := s.Page(ctx, bob, []domain.UserID{big1}, 0, 10)
+		require.NoError(t, err)
+		assert.False(t, got.Materialised)
+		assert.Empty(t, got.Posts)
+		n, err := rdb.Exists(ctx, "feed:{2}:in").Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "reading must not create an inbox")
+	})
+
+	t.Run("invalid arguments", func(t *testing.T) {
+		_, err := s.Page(ctx, alice, nil, 0, 0)
+		require.ErrorIs(t, err, domain.ErrInvalid)
+		_, err = s.Page(ctx, alice, nil, -1, 10)
+		require.ErrorIs(t, err, domain.ErrInvalid)
+	})
+}
+
+// TestPageRefreshesTTL: an inbox that is read stays; the TTL is reset to the
+// configured one.
+func TestPageRefreshesTTL(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t, feeds.Config{TTL: time.Hour})
+	ctx := t.Context()
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10)})
+	require.NoError(t, err)
+	ttl, err := rdb.PTTL(ctx, "feed:{1}:in").Result()
+	require.NoError(t, err)
+	assert.InDelta(t, time.Hour, ttl, float64(time.Minute), "materialise sets the TTL")
+
+	// Given an inbox about to expire
+	require.NoError(t, rdb.PExpire(ctx, "feed:{1}:in", 5*time.Second).Err())
+	// When it is read
+	_, err = s.Page(ctx, alice, nil, 0, 10)
+	require.NoError(t, err)
+	// Then it lives for the TTL again
+	ttl, err = rdb.PTTL(ctx, "feed:{1}:in").Result()
+	require.NoError(t, err)
+	assert.InDelta(t, time.Hour, ttl, float64(time.Minute))
+
+	// And pushes do not refresh it
+	require.NoError(t, rdb.PExpire(ctx, "feed:{1}:in", 5*time.Second).Err())
+	_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 20)})
+	require.NoError(t, err)
+	ttl, err = rdb.PTTL(ctx, "feed:{1}:in").Result()
+	require.NoError(t, err)
+	assert.LessOrEqual(t, ttl, 5*time.Second)
+}
+
+// TestSpecialsStayHidden: the floor and seq members (negative scores, the
+// lowest possible when both are 0) never show as posts.
+func TestSpecialsStayHidden(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, feeds.Config{})
+	ctx := t.Context()
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(0, 0)})
+	require.NoError(t, err)
+	assert.Equal(t, inboxState{ids(), 0, 0, true}, readInbox(t, s, alice))
+	page, err := s.Page(ctx, alice, nil, 0, 10)
+	require.NoError(t, err)
+	assert.Equal(t, feeds.Page{Materialised: true, Posts: ids(), Floor: 0}, page)
+
+	_, err = s.ApplyItems(ctx, []feeds.Item{push(1, 1)})
+	require.NoError(t, err)
+	page, err = s.Page(ctx, alice, nil, 0, 10)
+	require.NoError(t, err)
+	assert.Equal(t, ids(1), page.Posts)
+}
+
+func TestRequestMaterialise(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, feeds.Config{})
+	ctx := t.Context()
+	for _, u := range []domain.UserID{alice, bob, alice, bob, alice} {
+		require.NoError(t, s.RequestMaterialise(ctx, u))
+	}
+	got, err := s.PopMaterialiseRequests(ctx, 10)
+	require.NoError(t, err)
+	assert.Equal(t, []domain.UserID{alice, bob}, got, "once each, oldest first")
+	got, err = s.PopMaterialiseRequests(ctx, 10)
+	require.NoError(t, err)
+	assert.Empty(t, got)
+	// The marker still holds within its 30 seconds.
+	require.NoError(t, s.RequestMaterialise(ctx, alice))
+	got, err = s.PopMaterialiseRequests(ctx, 10)
+	require.NoError(t, err)
+	assert.Empty(t, got)
+}
+
+func TestFollowsBigAccountsAndPosition(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, feeds.Config{})
+	ctx := t.Context()
+	const carol domain.UserID = 3
+	require.NoError(t, s.Follow(ctx, alice, carol))
+	require.NoError(t, s.Follow(ctx, bob, carol))
+	require.NoError(t, s.Follow(ctx, bob, carol))
+	require.NoError(t, s.Follow(ctx, alice, bob))
+	require.NoError(t, s.Unfollow(ctx, alice, bob))
+	require.NoError(t, s.Unfollow(ctx, alice, bob))
+
+	followers, err := s.Followers(ctx, carol)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []domain.UserID{alice, bob}, followers)
+	n, err := s.FollowerCount(ctx, carol)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), n)
+	following, err := s.Following(ctx, alice)
+	require.NoError(t, err)
+	assert.Equal(t, []domain.UserID{carol}, following)
+	followers, err = s.Followers(ctx, bob)
+	require.NoError(t, err)
+	assert.Empty(t, followers)
+
+	require.NoError(t, s.SetBig(ctx, carol, true))
+	require.NoError(t, s.SetBig(ctx, bob, true))
+	require.NoError(t, s.SetBig(ctx, bob, false))
+	big, err := s.BigAccounts(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []domain.UserID{carol}, big)
+
+	bigFollowees, err := s.BigFollowees(ctx, bob, []domain.UserID{alice, carol, bob})
+	require.NoError(t, err)
+	assert.Equal(t, []domain.UserID{carol}, bigFollowees)
+
+	pos, err := s.PlannerPosition(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, pos)
+	require.NoError(t, s.SetPlannerPosition(ctx, 12345))
+	pos, err = s.PlannerPosition(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(12345), pos)
+}
+
+// inboxModel is the reference for an inbox: the work items' semantics as
+// stated, with "add, then trim to the cap".
+type inboxModel struct {
+	exists bool
+	posts  map[domain.PostID]bool
+	floor  int64
+	seq    uint64
+}
+
+func (m *inboxModel) trim(limit int) {
+	if len(m.posts) <= limit {
+		return
+	}
+	all := slices.SortedFunc(func(yield func(domain.PostID) bool) {
+		for p := range m.posts {
+			if !yield(p) {
+				return
+			}
+		}
+	}, func(a, b domain.PostID) int { return cmp.Compare(b, a) })
+	for _, p := range all[limit:] {
+		delete(m.posts, p)
+	}
+	m.floor = int64(all[limit-1])
+}
+
+func (m *inboxModel) raise(floor int64) {
+	m.floor = max(m.floor, floor)
+	for p := range m.posts {
+		if int64(p) < m.floor {
+			delete(m.posts, p)
+		}
+	}
+}
+
+func (m *inboxModel) add(posts []domain.PostID) {
+	for _, p := range posts {
+		if int64(p) >= m.floor {
+			m.posts[p] = true
+		}
+	}
+}
+
+func (m *inboxModel) apply(it feeds.Item, limit int) {
+	if it.Op == feeds.OpMaterialise {
+		if !m.exists {
+			*m = inboxModel{exists: true, posts: map[domain.PostID]bool{}, floor: it.Floor, seq: it.Seq}
+			m.add(it.Posts)
+			m.trim(limit)
+		}
+		return
+	}
+	if !m.exists || it.Seq <= m.seq {
+		return
+	}
+	m.seq = it.Seq
+	switch it.Op {
+	case feeds.OpPush:
+		m.add(it.Posts)
+		m.trim(limit)
+	case feeds.OpRemove:
+		delete(m.posts, it.Posts[0])
+	case feeds.OpMerge:
+		m.raise(it.Floor)
+		m.add(it.Posts)
+		m.trim(limit)
+	case feeds.OpUnmerge:
+		for _, p := range it.Posts {
+			delete(m.posts, p)
+		}
+		m.raise(it.Floor)
+	}
+}
+
+func (m *inboxModel) state() inboxState {
+	if !m.exists {
+		return inboxState{}
+	}
+	posts := ids()
+	for p := range m.posts {
+		posts = append(posts, p)
+	}
+	slices.SortFunc(posts, func(a, b domain.PostID) int { return cmp.Compare(b, a) })
+	return inboxState{posts, m.floor, m.seq, true}
+}
+
+// TestApplyItemsAgainstModel applies random batches of work items and compares
+// the inbox with the reference model after each. The inbox never leaves the
+// listpack encoding although zset-max-listpack-entries leaves no room beyond
+// the cap and the two specials.
+func TestApplyItemsAgainstModel(t *testing.T) {
+	t.Parallel()
+	const limit = 8
+	s, rdb := newStore(t, feeds.Config{InboxCap: limit})
+	ctx := t.Context()
+	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+2)).Err())
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	randPosts := func(k int) []domain.PostID {
+		ps := make([]domain.PostID, rng.IntN(k+1))
+		for i := range ps {
+			ps[i] = domain.PostID(1 + rng.IntN(60))
+		}
+		return ps
+	}
+	var model inboxModel
+	var seq uint64
+	for batch := range 300 {
+		if rng.IntN(40) == 0 {
+			require.NoError(t, rdb.Del(ctx, "feed:{1}:in").Err()) // it expired
+			model = inboxModel{}
+		}
+		items := make([]feeds.Item, 1+rng.IntN(6))
+		for i := range items {
+			if rng.IntN(5) > 0 {
+				seq++ // else a redelivery or an older item
+			}
+			itSeq := seq
+			if itSeq > 0 && rng.IntN(2) == 0 {
+				itSeq--
+			}
+			floor := int64(rng.IntN(30))
+			switch rng.IntN(9) {
+			case 0, 1, 2:
+				items[i] = push(itSeq, domain.PostID(1+rng.IntN(60)))
+			case 3:
+				items[i] = remove(itSeq, domain.PostID(1+rng.IntN(60)))
+			case 4, 5:
+				items[i] = merge(itSeq, floor, randPosts(12)...)
+			case 6:
+				items[i] = unmerge(itSeq, floor, randPosts(6)...)
+			default:
+				items[i] = materialise(itSeq, floor, randPosts(20)...)
+			}
+			model.apply(items[i], limit)
+		}
+		_, err := s.ApplyItems(ctx, items)
+		require.NoError(t, err)
+		require.Equal(t, model.state(), readInbox(t, s, alice), "batch %d: %v", batch, items)
+		if model.exists {
+			enc, err := rdb.ObjectEncoding(ctx, "feed:{1}:in").Result()
+			require.NoError(t, err)
+			require.Equal(t, "listpack", enc, "batch %d", batch)
+		}
+	}
+}
+
+// TestOutboxAgainstModel adds and removes random posts and compares the
+// outbox with "add if not below the floor, then trim to the cap".
+func TestOutboxAgainstModel(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	s, rdb := newStore(t, feeds.Config{OutboxCap: limit})
+	ctx := t.Context()
+	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+1)).Err())
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	model := inboxModel{exists: true, posts: map[domain.PostID]bool{}}
+	for step := range 400 {
+		p := domain.PostID(1 + rng.IntN(40))
+		if rng.IntN(4) == 0 {
+			require.NoError(t, s.RemoveFromOutbox(ctx, bob, p))
+			delete(model.posts, p)
+		} else {
+			require.NoError(t, s.AddToOutbox(ctx, bob, p))
+			model.add(ids(p))
+			model.trim(limit)
+		}
+		got, err := s.Outboxes(ctx, []domain.UserID{bob})
+		require.NoError(t, err)
+		want := model.state()
+		require.Equal(t, feeds.Outbox{Posts: want.posts, Floor: want.floor}, got[bob], "step %d", step)
+		enc, err := rdb.ObjectEncoding(ctx, "feed:{2}:out").Result()
+		if errors.Is(err, redis.Nil) {
+			continue // removes before the first add
+		}
+		require.NoError(t, err)
+		require.Equal(t, "listpack", enc, "step %d", step)
+	}
+}
+
+// TestInboxMemory measures a full inbox of realistic ids (today's, 49 bits) in
+// the listpack encoding.
+func TestInboxMemory(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t, feeds.Config{})
+	ctx := t.Context()
+	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", "1024").Err())
+	entries, err := s.CheckListpack(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1024), entries)
+
+	gen, err := domain.NewIDGenerator(7)
+	require.NoError(t, err)
+	start := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	posts := make([]domain.PostID, 500)
+	for i := range posts {
+		id, _ := gen.Next(start.Add(time.Duration(i) * 37 * time.Second))
+		posts[i] = domain.PostID(id)
+	}
+	_, err = s.ApplyItems(ctx, []feeds.Item{materialise(123456, 0, posts...)})
+	require.NoError(t, err)
+
+	enc, err := rdb.ObjectEncoding(ctx, "feed:{1}:in").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "listpack", enc)
+	bytes, err := rdb.MemoryUsage(ctx, "feed:{1}:in").Result()
+	require.NoError(t, err)
+	perEntry := float64(bytes) / 500
+	t.Logf("inbox of 500 posts: %d bytes, %.1f bytes per entry (%s)", bytes, perEntry, enc)
+	assert.LessOrEqual(t, perEntry, 24.0)
+}
+
+// TestUnavailable: when Redis cannot be reached the errors say so, so that
+// readers fall back to Postgres.
+func TestUnavailable(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there any more
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, DialerRetries: 1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := feeds.NewStore(rdb, feeds.Config{})
+	ctx := t.Context()
+
+	_, err = s.ApplyItems(ctx, []feeds.Item{push(1, 1)})
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	_, err = s.Page(ctx, alice, []domain.UserID{bob}, 0, 10)
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	require.ErrorIs(t, s.AddToOutbox(ctx, alice, 1), domain.ErrUnavailable)
+	_, err = s.Followers(ctx, alice)
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+
+	closedClient := redis.NewClient(&redis.Options{Addr: addr, DialerRetries: 1})
+	require.NoError(t, closedClient.Close())
+	_, err = feeds.NewStore(closedClient, feeds.Config{}).PlannerPosition(ctx)
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+
+	deadline, cancel := context.WithTimeout(ctx, time.Nanosecond)
+	defer cancel()
+	<-deadline.Done()
+	_, _, _, _, err = s.Inbox(deadline, alice)
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+}
+
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	s := feeds.NewStore(nil, feeds.Config{InboxCap: 7})
+	assert.Equal(t, feeds.Config{InboxCap: 7, OutboxCap: 500, TTL: 7 * 24 * time.Hour, BigThreshold: 10000}, s.Config())
+	assert.Equal(t, "materialise", feeds.OpMaterialise.String())
+	assert.Equal(t, "op("+strconv.Itoa(9)+")", feeds.Op(9).String())
+}
