@@ -42,6 +42,9 @@ type feedWorld struct {
 	readRun *projections.Runner
 	planRun *projections.Runner
 	reader  *feeds.Reader
+	redis   *localstack.Redis
+	ids     *domain.IDGenerator
+	n       int
 }
 
 func newFeedWorld(t *testing.T, cfg feeds.Config) *feedWorld {
@@ -60,7 +63,9 @@ func newFeedWorld(t *testing.T, cfg feeds.Config) *feedWorld {
 	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", "1024").Err())
 
 	quiet := slog.New(slog.DiscardHandler)
-	w := &feedWorld{log: log, rdb: rdb, store: feeds.NewStore(rdb, cfg), read: readmodel.NewStore(pool)}
+	w := &feedWorld{log: log, rdb: rdb, store: feeds.NewStore(rdb, cfg), read: readmodel.NewStore(pool), redis: stack.Redis}
+	w.ids, err = domain.NewIDGenerator(5)
+	require.NoError(t, err)
 	planner := feeds.NewPlanner(w.store, js, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	fast := projections.RunnerConfig{FetchWait: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}

@@ -32,6 +32,13 @@ type Projector interface {
 	Apply(ctx context.Context, batch []events.Record) error
 }
 
+// Verifier is a projector that can check, while the log is quiet, that its
+// state is still there (a store can lose it: a cache flushed, an empty
+// replica promoted); an error makes the runner rewind to the checkpoint.
+type Verifier interface {
+	Verify(ctx context.Context) error
+}
+
 // EventError is a failure caused by one event rather than by the projector's
 // store; an event that keeps failing is dead-lettered.
 type EventError struct {
@@ -179,6 +186,14 @@ func (r *Runner) consume(ctx context.Context) error {
 		if f.err != nil {
 			return f.err
 		}
+		if f.idle {
+			if v, ok := r.p.(Verifier); ok {
+				if err := v.Verify(ctx); err != nil {
+					return fmt.Errorf("verify: %w", err)
+				}
+			}
+			continue
+		}
 		r.metrics.lag(r.p.Name(), f.pending)
 		records := f.records[:0]
 		for i, rec := range f.records {
@@ -260,6 +275,8 @@ type fetched struct {
 	last        jetstream.Msg
 	pending     uint64
 	err         error
+	// idle marks a wait that ended with no event: the projector is caught up.
+	idle bool
 }
 
 // fetch reads batches in order and hands them over until ctx ends or a fetch
@@ -289,7 +306,8 @@ func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- 
 			send(fetched{err: err})
 			return
 		}
-		if len(f.records) > 0 && !send(f) {
+		f.idle = len(f.records) == 0
+		if !send(f) {
 			return
 		}
 	}

@@ -128,7 +128,8 @@ func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
 	ports := devPorts{nats: freePort(t), redis: freePort(t), postgres: freePort(t)}
 	base, stop := startDev(t, dir, ports)
 	body := waitReady(t, base)
-	assert.Equal(t, map[string]any{"log": "ok", "redis": "ok", "postgres": "ok", "projector:readmodel": "ok"}, body["checks"])
+	assert.Equal(t, map[string]any{"log": "ok", "redis": "ok", "postgres": "ok",
+		"projector:readmodel": "ok", "projector:feeds": "ok", "projector:feeds-appliers": "ok"}, body["checks"])
 	status, _ := get(t, base+"/healthz")
 	assert.Equal(t, http.StatusOK, status)
 
@@ -166,6 +167,19 @@ func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, "1", resp.Header.Get("X-Position"))
 	assert.Equal(t, []any{"404"}, followers["users"])
+
+	// The home feed, through the feed projector: 501 has not posted yet.
+	req, err = http.NewRequest(http.MethodGet, base+"/feed", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(tok.String()))
+	req.Header.Set("X-Min-Position", "1")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var home map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&home))
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, map[string]any{"posts": []any{}, "next_cursor": nil, "has_more": false}, home)
 
 	status, body = get(t, base+"/no/such/route")
 	assert.Equal(t, http.StatusNotFound, status)

@@ -68,6 +68,9 @@ type Planner struct {
 	// mu serialises Apply and Materialise, so materialisation reads the graph
 	// and outboxes as of a position of the log.
 	mu sync.Mutex
+	// applied is the position this planner last applied or resumed from: the
+	// state in Redis is trusted only while its stored position equals it.
+	applied uint64
 }
 
 // NewPlanner returns the planner writing to store and publishing work with js.
@@ -97,10 +100,41 @@ func (p *Planner) Name() string { return PlannerName }
 
 // Checkpoint implements projections.Projector.
 func (p *Planner) Checkpoint(ctx context.Context) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if err := p.store.initPlannerPosition(ctx); err != nil {
 		return 0, err
 	}
-	return p.store.PlannerPosition(ctx)
+	pos, err := p.store.PlannerPosition(ctx)
+	if err != nil {
+		return 0, err
+	}
+	p.applied = pos
+	return pos, nil
+}
+
+// Verify implements projections.Verifier: while the log is quiet, it notices
+// that Redis lost the planner's state (a flush, a failover to an empty replica)
+// so that the runner rewinds and replays it.
+func (p *Planner) Verify(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.verifyLocked(ctx)
+}
+
+func (p *Planner) verifyLocked(ctx context.Context) error {
+	exists, err := p.store.plannerPositionExists(ctx)
+	if err != nil {
+		return err
+	}
+	pos, err := p.store.PlannerPosition(ctx)
+	if err != nil {
+		return err
+	}
+	if !exists || pos != p.applied {
+		return fmt.Errorf("planner state at %d (stored: %t), expected %d: %w", pos, exists, p.applied, errStateLost)
+	}
+	return nil
 }
 
 // Partition is the applier partition of a recipient.
@@ -159,7 +193,11 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	if err := p.publish(ctx, w, fresh[0].Seq, fresh[len(fresh)-1].Seq); err != nil {
 		return err
 	}
-	return p.store.advancePlannerPosition(ctx, cp, fresh[len(fresh)-1].Seq)
+	if err := p.store.advancePlannerPosition(ctx, cp, fresh[len(fresh)-1].Seq); err != nil {
+		return err
+	}
+	p.applied = fresh[len(fresh)-1].Seq
+	return nil
 }
 
 // plan applies one event to the graph and outboxes and adds its work.
@@ -291,14 +329,19 @@ func (p *Planner) outbox(ctx context.Context, user domain.UserID) (Outbox, error
 func (p *Planner) Materialise(ctx context.Context, max int) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Never build an inbox from state that is not the log's up to a position:
+	// after a loss, wait for the replay to begin.
+	if err := p.verifyLocked(ctx); err != nil {
+		return 0, nil // the runner rewinds; requests wait for the replay
+	}
 	users, err := p.store.PopMaterialiseRequests(ctx, max)
 	if err != nil || len(users) == 0 {
 		return 0, err
 	}
-	cp, err := p.store.PlannerPosition(ctx)
-	if err != nil {
+	if err := p.store.clearWarming(ctx, users); err != nil {
 		return 0, err
 	}
+	cp := p.applied
 	bigList, err := p.store.BigAccounts(ctx)
 	if err != nil {
 		return 0, err
@@ -358,22 +401,24 @@ func sortDesc(ids []domain.PostID) {
 }
 
 // publish sends the work, chunked, to each partition's subject and waits for
-// the log to store it. Message ids make a re-publish after a crash a no-op.
+// the log to store it.
 func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) error {
 	if w.n == 0 {
 		return nil
 	}
 	var acks []jetstream.PubAckFuture
 	for part, items := range w.parts {
-		for chunk := 0; len(items) > 0; chunk++ {
+		for len(items) > 0 {
 			n := min(len(items), p.cfg.ItemsPerMessage)
 			data, err := json.Marshal(items[:n])
 			if err != nil {
 				return fmt.Errorf("encode work: %w", err)
 			}
+			// No dedup id: work published again after a rewind must be delivered
+			// (an inbox built meanwhile needs it), and the inboxes' sequence guard
+			// makes a second delivery change nothing.
 			msg := nats.NewMsg(fmt.Sprintf("fanout.%d", part))
 			msg.Data = data
-			msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%d-%d-%d-%d-%d", first, last, part, chunk, n))
 			// The first log sequence the work comes from: the feeds' position is
 			// just below the oldest work not yet applied.
 			msg.Header.Set(fromHeader, strconv.FormatUint(first, 10))

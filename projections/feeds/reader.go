@@ -89,3 +89,29 @@ func (s *Store) advancePlannerPosition(ctx context.Context, from, to uint64) err
 	}
 	return nil
 }
+
+func (s *Store) plannerPositionExists(ctx context.Context) (bool, error) {
+	n, err := s.rdb.Exists(ctx, stPlannerPosKey).Result()
+	if err != nil {
+		return false, stFail("planner position", err)
+	}
+	return n == 1, nil
+}
+
+// clearWarming lets users ask for their inbox again once their request is
+// taken (an inbox that expires again soon must be rebuildable at once).
+func (s *Store) clearWarming(ctx context.Context, users []domain.UserID) error {
+	keys := make([]string, len(users))
+	for i, u := range users {
+		keys[i] = stUserKey(u, stWarmingSuffix)
+	}
+	// One DEL per key: in a Redis Cluster the users' keys live in other slots.
+	pipe := s.rdb.Pipeline()
+	for _, k := range keys {
+		pipe.Del(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return stFail("clear materialisation requests", err)
+	}
+	return nil
+}

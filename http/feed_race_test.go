@@ -1,0 +1,255 @@
+package http
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections/feeds"
+)
+
+func (w *feedWorld) emit(t *testing.T, evs ...events.Event) {
+	t.Helper()
+	for _, ev := range evs {
+		w.n++
+		_, err := w.log.AppendEvent(context.Background(), fmt.Sprintf("r%d", w.n), time.Now(), ev)
+		require.NoError(t, err)
+	}
+}
+
+func (w *feedWorld) post(t *testing.T, author domain.UserID) domain.PostID {
+	t.Helper()
+	id, at := w.ids.Next(time.Now())
+	w.emit(t, events.PostCreated{PostID: domain.PostID(id), UserID: author, CreatedAt: at,
+		Media: []events.Media{{Key: fmt.Sprintf("%064d.png", id), ContentType: "image/png", Width: 1, Height: 1, Size: 1}}})
+	return domain.PostID(id)
+}
+
+func follow(a, b domain.UserID) events.Event {
+	return events.UserFollowed{FollowerID: a, FolloweeID: b}
+}
+func unfollow(a, b domain.UserID) events.Event {
+	return events.UserUnfollowed{FollowerID: a, FolloweeID: b}
+}
+
+// materialise reads user's feed and waits for the planner to build the inbox.
+func (w *feedWorld) materialise(t *testing.T, user domain.UserID) {
+	t.Helper()
+	w.page(t, user, "")
+	require.Eventually(t, func() bool {
+		_, _, _, ok, err := w.store.Inbox(context.Background(), user)
+		return err == nil && ok
+	}, 30*time.Second, 5*time.Millisecond, "inbox of %d not materialised", user)
+}
+
+// exact checks, once settled, that user's paged feed is the pull feed and
+// that the inbox, if any, is exactly the feed above its floor; it returns the
+// inbox's posts.
+func (w *feedWorld) exact(t *testing.T, user domain.UserID) []domain.PostID {
+	t.Helper()
+	w.settle(t)
+	truth := w.truth(t, user)
+	require.Equal(t, truth, w.pageAll(t, user), "user %d: paging must yield the pull feed", user)
+	inbox, floor, _, ok, err := w.store.Inbox(context.Background(), user)
+	require.NoError(t, err)
+	if !ok {
+		return nil
+	}
+	want := []string{}
+	for _, id := range truth {
+		p, _ := domain.ParsePostID(id)
+		if int64(p) >= floor {
+			want = append(want, id)
+		}
+	}
+	have := []string{}
+	for _, p := range inbox {
+		have = append(have, p.String())
+	}
+	require.Equal(t, want, have, "user %d: inbox above floor %d", user, floor)
+	return inbox
+}
+
+// TestPushRacingUnfollow: the author's posts and the reader's unfollow of
+// that author come in one burst; the unfollow must not be overtaken by a push
+// of a post made before it, nor a post made after it be pushed.
+func TestPushRacingUnfollow(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{})
+	const a, b = domain.UserID(1), domain.UserID(2)
+	w.emit(t, follow(a, b))
+	w.post(t, b)
+	w.materialise(t, a)
+	for round := range 20 {
+		// Other recipients keep the partitions busy so work interleaves.
+		for r := domain.UserID(10); r < 20; r++ {
+			w.emit(t, follow(r, b))
+		}
+		w.post(t, b)
+		w.emit(t, unfollow(a, b))
+		w.post(t, b)
+		w.emit(t, follow(a, b), unfollow(a, b))
+		if round%2 == 1 {
+			w.emit(t, follow(a, b))
+		}
+		w.post(t, b)
+		inbox := w.exact(t, a)
+		if round%2 == 0 {
+			assert.Empty(t, inbox, "round %d: nothing of an unfollowed author", round)
+		}
+	}
+}
+
+// TestPushIntoExpiredInbox: a push must not create an inbox that was
+// expired; it would look warm with one post. The next read rebuilds it whole.
+func TestPushIntoExpiredInbox(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{})
+	const a, b = domain.UserID(1), domain.UserID(2)
+	w.emit(t, follow(a, b))
+	older := []domain.PostID{w.post(t, b), w.post(t, b)}
+	w.materialise(t, a)
+	require.NoError(t, w.rdb.Del(context.Background(), fmt.Sprintf("feed:{%d}:in", a)).Err()) // expired
+	w.post(t, b)
+	w.settle(t)
+	_, _, _, ok, err := w.store.Inbox(context.Background(), a)
+	require.NoError(t, err)
+	assert.False(t, ok, "a push into an expired inbox created one")
+	w.materialise(t, a)
+	inbox := w.exact(t, a)
+	assert.Len(t, inbox, 3)
+	assert.Subset(t, inbox, older)
+}
+
+// TestWarmUpRacingPushes: inboxes are built while their followees post,
+// delete and are unfollowed; whatever the interleaving, each ends exact.
+func TestWarmUpRacingPushes(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{})
+	authors := []domain.UserID{2, 3, 4}
+	readers := []domain.UserID{10, 11, 12, 13, 14, 15}
+	for _, r := range readers {
+		for _, a := range authors {
+			w.emit(t, follow(r, a))
+		}
+	}
+	for range 5 {
+		for _, a := range authors {
+			w.post(t, a)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 60 {
+			p := w.post(t, authors[i%len(authors)])
+			if i%7 == 0 {
+				w.emit(t, events.PostDeleted{PostID: p, UserID: authors[i%len(authors)], DeletedAt: time.Now()})
+			}
+			if i%11 == 0 {
+				w.emit(t, unfollow(readers[i%len(readers)], authors[0]))
+			}
+		}
+	})
+	for _, r := range readers {
+		wg.Go(func() { w.materialise(t, r) })
+	}
+	wg.Wait()
+	for _, r := range readers {
+		w.exact(t, r)
+	}
+}
+
+// TestFollowMergeBelowTheFloor: following someone whose posts are all older
+// than the inbox's trimmed tail must not put them in the inbox (a gap above
+// them); they come from Postgres when paging reaches them.
+func TestFollowMergeBelowTheFloor(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{InboxCap: 3})
+	const a, x, y = domain.UserID(1), domain.UserID(2), domain.UserID(3)
+	old := []domain.PostID{w.post(t, y), w.post(t, y)}
+	w.emit(t, follow(a, x))
+	for range 5 {
+		w.post(t, x)
+	}
+	w.materialise(t, a)
+	w.emit(t, follow(a, y))
+	inbox := w.exact(t, a)
+	assert.Len(t, inbox, 3)
+	for _, p := range old {
+		assert.NotContains(t, inbox, p, "a post older than the floor was merged")
+	}
+	assert.Len(t, w.pageAll(t, a), 7, "paging still reaches the old posts, from Postgres")
+}
+
+// TestFeedWhenRedisIsDown: every page comes from Postgres, complete.
+func TestFeedWhenRedisIsDown(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{InboxCap: 5})
+	const a, b = domain.UserID(1), domain.UserID(2)
+	w.emit(t, follow(a, b))
+	for range 23 {
+		w.post(t, b)
+	}
+	w.materialise(t, a)
+	want := w.exact(t, a)
+	require.NotEmpty(t, want)
+	truth := w.truth(t, a)
+	require.NoError(t, w.redis.Stop())
+	assert.Equal(t, truth, w.pageAll(t, a), "pages from Postgres alone")
+}
+
+// TestFeedReplayEquivalence: with Redis flushed, the planner replays the log
+// from sequence 1, and every user's pages are identical to before.
+func TestFeedReplayEquivalence(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{InboxCap: 15, OutboxCap: 15, BigThreshold: 6})
+	users := 12
+	for i := range 400 {
+		a, b := domain.UserID(i%users+1), domain.UserID((i*7)%users+1)
+		if i%4 == 3 {
+			b = 1 // one account gathers followers and turns big
+		}
+		switch i % 5 {
+		case 0, 1:
+			w.post(t, a)
+		case 2, 3:
+			if a != b {
+				w.emit(t, follow(a, b))
+			}
+		default:
+			if a != b && i%3 == 0 {
+				w.emit(t, unfollow(a, b))
+			}
+		}
+		if i%40 == 0 {
+			w.materialise(t, a)
+		}
+	}
+	w.settle(t)
+	bigBefore, err := w.store.BigAccounts(context.Background())
+	require.NoError(t, err)
+	before := map[domain.UserID][]string{}
+	for u := 1; u <= users; u++ {
+		before[domain.UserID(u)] = w.pageAll(t, domain.UserID(u))
+	}
+	require.NoError(t, w.rdb.FlushAll(context.Background()).Err())
+	head, err := w.log.Head(context.Background())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		pos, err := w.store.PlannerPosition(context.Background())
+		return err == nil && pos >= head
+	}, 60*time.Second, 10*time.Millisecond, "the planner did not replay")
+	for u := 1; u <= users; u++ {
+		w.materialise(t, domain.UserID(u))
+	}
+	w.settle(t)
+	big, err := w.store.BigAccounts(context.Background())
+	require.NoError(t, err)
+	assert.ElementsMatch(t, bigBefore, big, "the replay rebuilt the big accounts")
+	for u := 1; u <= users; u++ {
+		user := domain.UserID(u)
+		assert.Equal(t, before[user], w.pageAll(t, user), "user %d", u)
+		w.exact(t, user)
+	}
+}

@@ -1,0 +1,361 @@
+package feeds_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections/feeds"
+)
+
+const (
+	// benchChunk is how many items the planner puts in one fan-out message
+	// (PlannerConfig.ItemsPerMessage's default), so how many one ApplyItems call
+	// of an applier gets.
+	benchChunk = 200
+	// benchEntries is about how many inbox entries one measurement writes: the
+	// posts of authors with few followers are fanned out one after another
+	// until then (at most benchMaxPosts of them, so the zsets stay small).
+	benchEntries  = 20_000
+	benchMaxPosts = 200
+)
+
+// benchRedis starts a Redis of the benchmark's own, configured as in
+// production (inboxes stay listpacks), and returns a client of it.
+func benchRedis(b *testing.B) *redis.Client {
+	b.Helper()
+	r := localstack.RedisForTest(b)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	b.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.ConfigSet(context.Background(), "zset-max-listpack-entries", "1024").Err(); err != nil {
+		b.Fatal(err)
+	}
+	return rdb
+}
+
+// benchPosts hands out realistic (time-ordered, 49-bit) post ids, each newer
+// than the last.
+type benchPosts struct {
+	gen   *domain.IDGenerator
+	clock time.Time
+}
+
+func newBenchPosts(b *testing.B) *benchPosts {
+	b.Helper()
+	gen, err := domain.NewIDGenerator(3)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &benchPosts{gen: gen, clock: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
+}
+
+func (p *benchPosts) next() domain.PostID {
+	p.clock = p.clock.Add(1500 * time.Millisecond)
+	id, _ := p.gen.Next(p.clock)
+	return domain.PostID(id)
+}
+
+func (p *benchPosts) take(n int) []domain.PostID {
+	ids := make([]domain.PostID, n)
+	for i := range ids {
+		ids[i] = p.next()
+	}
+	return ids
+}
+
+// applyChunks applies each partition's chunks the way the appliers do: one
+// goroutine per partition, one chunk (message) at a time. It returns the
+// items applied.
+func applyChunks(ctx context.Context, store *feeds.Store, parts [][][]feeds.Item) (int64, error) {
+	var applied atomic.Int64
+	var g errgroup.Group
+	for _, chunks := range parts {
+		g.Go(func() error {
+			for _, c := range chunks {
+				n, err := store.ApplyItems(ctx, c)
+				if err != nil {
+					return err
+				}
+				applied.Add(int64(n))
+			}
+			return nil
+		})
+	}
+	err := g.Wait()
+	return applied.Load(), err
+}
+
+// byPartition splits work by recipient partition and chunks each partition's
+// share, as Planner.publish does.
+func byPartition[T any](work []T, recipient func(T) domain.UserID, partitions int) [][][]T {
+	parts := make([][]T, partitions)
+	for _, w := range work {
+		p := feeds.Partition(recipient(w), partitions)
+		parts[p] = append(parts[p], w)
+	}
+	out := make([][][]T, partitions)
+	for p, share := range parts {
+		out[p] = slices.Collect(slices.Chunk(share, benchChunk))
+	}
+	return out
+}
+
+func itemRecipient(it feeds.Item) domain.UserID { return it.Recipient }
+
+func self(u domain.UserID) domain.UserID { return u }
+
+func rawKey(u domain.UserID) string { return "bench:raw:{" + strconv.FormatInt(int64(u), 10) + "}" }
+
+// rawZAdd is the limit a push is measured against: ZADD key score member into
+// each follower's own key, pipelined in the same chunks and partitions, from
+// the same client.
+func rawZAdd(ctx context.Context, rdb *redis.Client, parts [][][]domain.UserID, post domain.PostID) error {
+	member := strconv.FormatInt(int64(post), 10)
+	var g errgroup.Group
+	for _, chunks := range parts {
+		g.Go(func() error {
+			for _, c := range chunks {
+				pipe := rdb.Pipeline()
+				for _, u := range c {
+					pipe.ZAdd(ctx, rawKey(u), redis.Z{Score: float64(post), Member: member})
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					return fmt.Errorf("raw zadd: %w", err)
+				}
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// BenchmarkFanout measures, in one run on one Redis, the inbox entries per
+// second the appliers write with Store.ApplyItems while fanning out a post of
+// an author with 10, 1 000 and 50 000 followers, every follower's inbox
+// materialised (20 posts; and, for 1 000 followers, full at 500 so every push
+// also trims), the work split and chunked as the planner does (200 items a
+// message) and applied as the appliers do (each partition one message at a
+// time), with 1 partition and with 4 in parallel; next to the raw limit, the
+// same chunks as pipelined ZADD key score member into as many distinct keys of
+// the same size, from the same client and as many goroutines; and their ratio
+// (target >= 0.5). Authors with few followers post benchEntries/followers
+// times (at most 200), each post fanned out on its own, so that one
+// measurement is long enough to time. Redis's own CPU time per entry (INFO
+// cpu) is printed beside each rate: it tells the server's cost from the
+// client's.
+//
+//	go test -run '^$' -bench BenchmarkFanout -benchtime 1x ./projections/feeds
+func BenchmarkFanout(b *testing.B) {
+	rdb := benchRedis(b)
+	store := feeds.NewStore(rdb, feeds.Config{})
+	posts := newBenchPosts(b)
+	old := posts.take(store.Config().InboxCap)
+	seq := uint64(1)
+	fmt.Fprintf(os.Stderr, "%9s %5s %5s %5s | %12s %9s | %12s %9s | %5s\n",
+		"followers", "inbox", "parts", "posts", "apply entr/s", "redis µs", "raw zadd/s", "redis µs", "ratio")
+	cases := []struct{ followers, inbox int }{{10, 20}, {1000, 20}, {50_000, 20}, {1000, 500}}
+	for ci, c := range cases {
+		b.Run(fmt.Sprintf("followers=%d/inbox=%d", c.followers, c.inbox), func(b *testing.B) {
+			followers := make([]domain.UserID, c.followers)
+			for i := range followers {
+				followers[i] = domain.UserID((ci+1)*1_000_000 + i + 1)
+			}
+			setupFollowers(b, rdb, store, followers, old[len(old)-c.inbox:], seq)
+			rounds := max(1, min(benchMaxPosts, benchEntries/c.followers))
+			for _, partitions := range []int{1, 4} {
+				b.Run(fmt.Sprintf("partitions=%d", partitions), func(b *testing.B) {
+					for b.Loop() {
+						// Each round is one post, fanned out on its own.
+						round := make([]domain.PostID, rounds)
+						work := make([][][][]feeds.Item, rounds)
+						for r := range rounds {
+							seq++
+							round[r] = posts.next()
+							items := make([]feeds.Item, len(followers))
+							for i, f := range followers {
+								items[i] = feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpPush, Posts: []domain.PostID{round[r]}}
+							}
+							work[r] = byPartition(items, itemRecipient, partitions)
+						}
+						keys := byPartition(followers, self, partitions)
+						entries := float64(rounds * len(followers))
+
+						raw := measure(b, rdb, entries, func(ctx context.Context) error {
+							for _, post := range round {
+								if err := rawZAdd(ctx, rdb, keys, post); err != nil {
+									return err
+								}
+							}
+							return nil
+						})
+						apply := measure(b, rdb, entries, func(ctx context.Context) error {
+							for _, w := range work {
+								applied, err := applyChunks(ctx, store, w)
+								if err != nil {
+									return err
+								}
+								if applied != int64(len(followers)) {
+									return fmt.Errorf("%d of %d pushes applied: every follower's inbox must take the post", applied, len(followers))
+								}
+							}
+							return nil
+						})
+						b.ReportMetric(apply.rate, "entries/s")
+						b.ReportMetric(raw.rate, "raw-zadd/s")
+						b.ReportMetric(apply.rate/raw.rate, "ratio")
+						b.ReportMetric(apply.redisCPU, "redis-µs/entry")
+						b.ReportMetric(raw.redisCPU, "raw-redis-µs/zadd")
+						fmt.Fprintf(os.Stderr, "%9d %5d %5d %5d | %12.0f %9.2f | %12.0f %9.2f | %5.2f\n",
+							c.followers, c.inbox, partitions, rounds, apply.rate, apply.redisCPU, raw.rate, raw.redisCPU, apply.rate/raw.rate)
+					}
+				})
+			}
+		})
+	}
+}
+
+// rate is what one measured run achieved.
+type rate struct {
+	rate     float64 // entries per second
+	redisCPU float64 // Redis's CPU time per entry, µs
+}
+
+// measure runs fn, which writes entries, and returns its rate and the CPU time
+// Redis spent per entry meanwhile.
+func measure(b *testing.B, rdb *redis.Client, entries float64, fn func(context.Context) error) rate {
+	b.Helper()
+	cpu0 := redisCPU(b, rdb)
+	start := time.Now()
+	if err := fn(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	cpu := redisCPU(b, rdb) - cpu0
+	return rate{rate: entries / elapsed.Seconds(), redisCPU: cpu * 1e6 / entries}
+}
+
+// redisCPU is the CPU time, in seconds, the Redis server has used.
+func redisCPU(b *testing.B, rdb *redis.Client) float64 {
+	b.Helper()
+	info, err := rdb.InfoMap(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, k := range []string{"used_cpu_user", "used_cpu_sys"} {
+		v, err := strconv.ParseFloat(info["CPU"][k], 64)
+		if err != nil {
+			b.Fatalf("INFO cpu %s: %v", k, err)
+		}
+		total += v
+	}
+	return total
+}
+
+// setupFollowers materialises each follower's inbox with posts through
+// ApplyItems and gives each a raw key holding the same members. One partition
+// does it: a message materialising 200 full inboxes keeps Redis busy for over
+// a second, and four at once would outlast go-redis's 3 s read timeout, whose
+// silent retry finds the inboxes made and counts them skipped.
+func setupFollowers(b *testing.B, rdb *redis.Client, store *feeds.Store, followers []domain.UserID, posts []domain.PostID, seq uint64) {
+	b.Helper()
+	ctx := context.Background()
+	items := make([]feeds.Item, len(followers))
+	for i, f := range followers {
+		items[i] = feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpMaterialise, Posts: posts}
+	}
+	applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if applied != int64(len(followers)) {
+		b.Fatalf("%d of %d inboxes materialised", applied, len(followers))
+	}
+	members := make([]redis.Z, 0, len(posts)+2)
+	members = append(members, redis.Z{Score: -1, Member: "f"}, redis.Z{Score: -float64(seq + 1), Member: "s"})
+	for _, p := range posts {
+		members = append(members, redis.Z{Score: float64(p), Member: strconv.FormatInt(int64(p), 10)})
+	}
+	for c := range slices.Chunk(followers, benchChunk) {
+		pipe := rdb.Pipeline()
+		for _, f := range c {
+			pipe.ZAdd(ctx, rawKey(f), members...)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkInboxMemory measures, on one Redis configured as in production, the
+// memory an inbox entry takes: 1 000 inboxes of 500 posts are materialised
+// through ApplyItems, and the growth of INFO's used_memory per post is printed
+// next to one inbox's MEMORY USAGE per post (target <= 24 bytes).
+//
+//	go test -run '^$' -bench BenchmarkInboxMemory -benchtime 1x ./projections/feeds
+func BenchmarkInboxMemory(b *testing.B) {
+	const inboxes = 1000
+	ctx := context.Background()
+	rdb := benchRedis(b)
+	store := feeds.NewStore(rdb, feeds.Config{})
+	size := store.Config().InboxCap
+	posts := newBenchPosts(b)
+	for round := 0; b.Loop(); round++ {
+		// Each iteration its own users and posts, so each adds a full set.
+		all := posts.take(size * 4)
+		before := usedMemory(b, rdb)
+		items := make([]feeds.Item, inboxes)
+		for i := range items {
+			// Followees' posts overlap from inbox to inbox, as they do.
+			start := (i * 7) % (len(all) - size)
+			items[i] = feeds.Item{Recipient: domain.UserID(round*inboxes + i + 1), Seq: 1, Op: feeds.OpMaterialise, Posts: all[start : start+size]}
+		}
+		applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if applied != inboxes {
+			b.Fatalf("%d of %d inboxes materialised", applied, inboxes)
+		}
+		after := usedMemory(b, rdb)
+		key := fmt.Sprintf("feed:{%d}:in", round*inboxes+1)
+		enc, err := rdb.ObjectEncoding(ctx, key).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		one, err := rdb.MemoryUsage(ctx, key).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		entries := float64(inboxes * size)
+		perEntry := float64(after-before) / entries
+		perEntryOne := float64(one) / float64(size)
+		b.ReportMetric(perEntry, "used-memory-B/entry")
+		b.ReportMetric(perEntryOne, "memory-usage-B/entry")
+		fmt.Fprintf(os.Stderr, "%d inboxes x %d posts (%s): used_memory +%d B = %.1f B/entry; MEMORY USAGE of one inbox %d B = %.1f B/entry (target <= 24)\n",
+			inboxes, size, enc, after-before, perEntry, one, perEntryOne)
+	}
+}
+
+func usedMemory(b *testing.B, rdb *redis.Client) int64 {
+	b.Helper()
+	info, err := rdb.InfoMap(context.Background(), "memory").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	v, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
+	if err != nil {
+		b.Fatalf("INFO memory used_memory: %v", err)
+	}
+	return v
+}
