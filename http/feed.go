@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +26,7 @@ type HomeFeedCache interface {
 type HomeFeedModel interface {
 	Feed(ctx context.Context, user domain.UserID, after *domain.Cursor, limit int) ([]readmodel.FeedEntry, error)
 	Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID) (map[domain.PostID]readmodel.Post, error)
+	Position(ctx context.Context) (uint64, error)
 }
 
 type homeFeed struct {
@@ -33,6 +35,7 @@ type homeFeed struct {
 	log     *slog.Logger
 	pages   *prometheus.CounterVec
 	waitFor func(*fiber.Ctx) error
+	wait    time.Duration
 }
 
 func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Registerer) {
@@ -40,6 +43,7 @@ func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Regi
 		cache: deps.FeedCache,
 		model: deps.FeedModel,
 		log:   deps.Logger,
+		wait:  cfg.ConsistencyWait,
 		pages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "feed_home_pages_total",
 			Help: "Home feed pages served, by source: cache, postgres (cold inbox, Redis down) or mixed (the cache ran out).",
@@ -96,7 +100,7 @@ func (h *homeFeed) feed(c *fiber.Ctx) error {
 	if hasMore {
 		ids = ids[:domain.PageSize]
 	}
-	posts, err := h.model.Posts(ctx, ids, p.UserID)
+	posts, err := h.hydrate(ctx, ids, p.UserID)
 	if err != nil {
 		return err
 	}
@@ -114,6 +118,41 @@ func (h *homeFeed) feed(c *fiber.Ctx) error {
 		view.NextCursor = nextCursor(&next)
 	}
 	return c.JSON(view)
+}
+
+// hydrate reads the page's posts from the read model in one query. The feeds
+// may be ahead of the read model: a post just pushed may not be there yet, and
+// leaving it out would let the cursor pass it for good; so when posts are
+// missing and the read model is behind the feeds, it waits (up to the
+// consistency bound) for it and reads once more. Posts still missing were
+// deleted.
+func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer domain.UserID) (map[domain.PostID]readmodel.Post, error) {
+	posts, err := h.model.Posts(ctx, ids, viewer)
+	if err != nil || len(posts) == len(ids) {
+		return posts, err
+	}
+	target, err := h.cache.Position(ctx)
+	if err != nil {
+		return posts, nil //nolint:nilerr // without the feeds' position, serve what is known
+	}
+	deadline := time.Now().Add(h.wait)
+	for backoff := firstPoll; ; backoff = min(2*backoff, maxPoll) {
+		pos, err := h.model.Position(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if pos >= target {
+			return h.model.Posts(ctx, ids, viewer)
+		}
+		if time.Now().After(deadline) {
+			return posts, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+	}
 }
 
 // ids is one more than a page of post ids below the cursor.

@@ -253,3 +253,27 @@ func TestFeedReplayEquivalence(t *testing.T) {
 		w.exact(t, user)
 	}
 }
+
+// TestFeedWaitsForTheReadModelToHydrate: the feeds are ahead of the read
+// model; a pushed post the read model does not have yet must not be dropped
+// from the page (the cursor would pass it for good).
+func TestFeedWaitsForTheReadModelToHydrate(t *testing.T) {
+	start := make(chan struct{})
+	w := newFeedWorldWith(t, feeds.Config{}, start)
+	const a, b = domain.UserID(1), domain.UserID(2)
+	w.emit(t, follow(a, b))
+	w.page(t, a, "") // asks for the inbox
+	require.Eventually(t, func() bool {
+		_, _, _, ok, err := w.store.Inbox(context.Background(), a)
+		return err == nil && ok
+	}, 30*time.Second, 5*time.Millisecond)
+	p := w.post(t, b)
+	require.Eventually(t, func() bool {
+		inbox, _, _, _, err := w.store.Inbox(context.Background(), a)
+		return err == nil && len(inbox) == 1
+	}, 30*time.Second, 5*time.Millisecond, "the push reached the inbox")
+	time.AfterFunc(300*time.Millisecond, func() { close(start) })
+	v := w.page(t, a, "")
+	require.Len(t, v.Posts, 1, "the post is on the page")
+	assert.Equal(t, p.String(), v.Posts[0].ID)
+}

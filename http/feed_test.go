@@ -49,6 +49,13 @@ type feedWorld struct {
 
 func newFeedWorld(t *testing.T, cfg feeds.Config) *feedWorld {
 	t.Helper()
+	return newFeedWorldWith(t, cfg, nil)
+}
+
+// newFeedWorldWith lets a test hold the read model projector back: it starts
+// when startReadModel is closed (nil: at once).
+func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan struct{}) *feedWorld {
+	t.Helper()
 	stack := localstack.ForTest(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	nc, err := nats.Connect(stack.NATS.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
@@ -73,7 +80,16 @@ func newFeedWorld(t *testing.T, cfg feeds.Config) *feedWorld {
 	w.planRun = projections.NewRunner(log, planner, fast, nil, quiet)
 	appliers := feeds.NewApplier(w.store, js, []int{0, 1, 2}, quiet)
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = w.readRun.Run(ctx) })
+	wg.Go(func() {
+		if startReadModel != nil {
+			select {
+			case <-startReadModel:
+			case <-ctx.Done():
+				return
+			}
+		}
+		_ = w.readRun.Run(ctx)
+	})
 	wg.Go(func() { _ = w.planRun.Run(ctx) })
 	wg.Go(func() { _ = appliers.Run(ctx) })
 	wg.Go(func() {
