@@ -44,6 +44,11 @@ Usage:
   feed token --user ID [--admin] [--ttl 24h]
                print a bearer token for a user, signed with FEED_JWT_SECRET
                (or the development secret that feed dev accepts)
+  feed tail [--since 1h | --from SEQ | --new] [--until T] [--type T] [--user ID]
+            [--subject 'ev.*.follow.>'] [--limit N]
+               print matching events of the log as JSON lines
+  feed status [--json] [--interval 1s]
+               projector positions, lag, rate, dead letters and fan-out backlog
   feed help    this text
 
 Configuration is read from the environment; see the README.
@@ -78,6 +83,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 		return serve(ctx, cfg, cmd == "dev", newLogger(cfg, stderr), stdout)
+	case "tail":
+		return tail(ctx, rest, getenv, stdout, stderr)
+	case "status":
+		return status(ctx, rest, getenv, stdout, stderr)
 	case "token":
 		return token(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
