@@ -32,12 +32,14 @@ import (
 
 // infra is the connected dependencies of one process and how to let go of them.
 type infra struct {
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	log     *events.Log
-	redis   *redis.Client
-	pg      *pgxpool.Pool
-	closers []func() // run in reverse order by close
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	log   *events.Log
+	redis *redis.Client // the projectors' (long timeouts, no client retries)
+	// readRedis serves reads: short timeouts, so an outage is a prompt fall-back.
+	readRedis *redis.Client
+	pg        *pgxpool.Pool
+	closers   []func() // run in reverse order by close
 }
 
 func (in *infra) close() {
@@ -131,11 +133,23 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 	if err != nil {
 		return nil, fmt.Errorf("parse REDIS_URL: %w", err)
 	}
-	in.redis = redis.NewClient(ropts)
+	// Two clients, because the two uses want opposite timeouts. The
+	// projector's scripts may run long (materialising hundreds of inboxes in one
+	// pipeline), and a client that times out resends the whole pipeline, so it
+	// waits long and never retries by itself (a failed message is retried by
+	// the applier, whose inbox guard makes that safe). Readers want an outage
+	// to be a prompt fall-back to Postgres, not seconds per page.
+	projOpts := *ropts
+	projOpts.ReadTimeout, projOpts.WriteTimeout, projOpts.MaxRetries = 30*time.Second, 30*time.Second, -1
+	in.redis = redis.NewClient(&projOpts)
 	in.closers = append(in.closers, func() { _ = in.redis.Close() })
 	if err := in.redis.Ping(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("ping redis: %w", err)
 	}
+	readOpts := *ropts
+	readOpts.DialTimeout, readOpts.ReadTimeout, readOpts.WriteTimeout, readOpts.MaxRetries = 500*time.Millisecond, time.Second, time.Second, 1
+	in.readRedis = redis.NewClient(&readOpts)
+	in.closers = append(in.closers, func() { _ = in.readRedis.Close() })
 
 	if err := migrations.Up(ctx, databaseURL); err != nil {
 		return nil, err
@@ -216,7 +230,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 
 	checks := []feedhttp.Check{
 		{Name: "log", Probe: func(ctx context.Context) error { _, err := in.log.Head(ctx); return err }},
-		{Name: "redis", Probe: func(ctx context.Context) error { return in.redis.Ping(ctx).Err() }},
+		{Name: "redis", Probe: func(ctx context.Context) error { return in.readRedis.Ping(ctx).Err() }},
 		{Name: "postgres", Probe: in.pg.Ping},
 	}
 	projMetrics := projections.NewMetrics(reg)
@@ -279,7 +293,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		Auth:       auth,
 		IDs:        ids,
 		ReadModel:  readStore,
-		FeedCache:  feeds.NewReader(feedStore, in.js),
+		FeedCache:  feeds.NewReader(feeds.NewStore(in.readRedis, feedStore.Config()), in.js),
 		FeedModel:  readStore,
 	}, feedhttp.Config{ConsistencyWait: cfg.ConsistencyWait})
 
