@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -276,4 +277,66 @@ func TestFeedWaitsForTheReadModelToHydrate(t *testing.T) {
 	v := w.page(t, a, "")
 	require.Len(t, v.Posts, 1, "the post is on the page")
 	assert.Equal(t, p.String(), v.Posts[0].ID)
+}
+
+// TestMaintenanceRepairsCorruptedInboxes corrupts inboxes behind the
+// projector's back — a ghost of a deleted post, a ghost of an author not
+// followed, a missing post, an over-long inbox — and a maintenance pass repairs
+// them all and counts each repair.
+func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
+	ctx := context.Background()
+	w := newFeedWorld(t, feeds.Config{InboxCap: 8})
+	const a, b, c, d = domain.UserID(1), domain.UserID(2), domain.UserID(3), domain.UserID(4)
+	w.emit(t, follow(a, b), follow(a, c))
+	var bPosts []domain.PostID
+	for range 3 {
+		bPosts = append(bPosts, w.post(t, b))
+		w.post(t, c)
+	}
+	deleted := w.post(t, b)
+	w.emit(t, events.PostDeleted{PostID: deleted, UserID: b, DeletedAt: time.Now()})
+	stranger := w.post(t, d)
+	w.materialise(t, a)
+	before := w.exact(t, a)
+	require.Len(t, before, 6)
+
+	key := fmt.Sprintf("feed:{%d}:in", a)
+	require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(deleted), Member: int64(deleted)}).Err())   // ghost: deleted
+	require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(stranger), Member: int64(stranger)}).Err()) // ghost: not followed
+	require.NoError(t, w.rdb.ZRem(ctx, key, int64(bPosts[1])).Err())                                           // missing
+	_, err := w.maint.Pass(ctx)
+	require.NoError(t, err)
+	w.settle(t)
+	assert.Equal(t, before, w.exact(t, a))
+	assert.EqualValues(t, 3, w.store.Repairs())
+
+	// Entries of posts that do not exist are ghosts too.
+	for i := range 5 {
+		require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(10 + i), Member: 10 + i}).Err())
+	}
+	time.Sleep(2 * time.Millisecond) // the period of the test's round
+	_, err = w.maint.Pass(ctx)
+	require.NoError(t, err)
+	w.settle(t)
+	assert.Equal(t, before, w.exact(t, a))
+	assert.EqualValues(t, 3+5, w.store.Repairs())
+
+	// Over-long: more real posts than the cap, the older ones put back after
+	// the inbox was trimmed.
+	var more []domain.PostID
+	for range 6 {
+		more = append(more, w.post(t, c))
+	}
+	trimmed := w.exact(t, a)
+	require.Len(t, trimmed, 8)
+	for _, p := range before[len(before)-4:] {
+		require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(p), Member: int64(p)}).Err())
+	}
+	time.Sleep(2 * time.Millisecond)
+	_, err = w.maint.Pass(ctx)
+	require.NoError(t, err)
+	w.settle(t)
+	assert.Equal(t, trimmed, w.exact(t, a))
+	assert.EqualValues(t, 3+5+4, w.store.Repairs(), "12 entries for a cap of 8: 4 over")
+	assert.Subset(t, trimmed, more)
 }

@@ -45,6 +45,7 @@ type feedWorld struct {
 	redis   *localstack.Redis
 	ids     *domain.IDGenerator
 	n       int
+	maint   *feeds.Maintenance
 }
 
 func newFeedWorld(t *testing.T, cfg feeds.Config) *feedWorld {
@@ -75,6 +76,8 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	require.NoError(t, err)
 	planner := feeds.NewPlanner(w.store, js, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
+	// Tests make maintenance passes themselves; every inbox is due at once.
+	w.maint = feeds.NewMaintenance(rdb, w.store, planner, feeds.MaintenanceConfig{Period: time.Millisecond}, quiet)
 	fast := projections.RunnerConfig{FetchWait: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
 	w.readRun = projections.NewRunner(log, readmodel.NewProjector(pool, nil), fast, nil, quiet)
 	w.planRun = projections.NewRunner(log, planner, fast, nil, quiet)
@@ -322,6 +325,12 @@ func runModel(t *testing.T, cfg feeds.Config, steps int, seed uint64) {
 		}
 	}
 	m.check()
+	// In a correct system, checking every inbox repairs nothing.
+	n, err := w.maint.Pass(context.Background())
+	require.NoError(t, err)
+	require.Positive(t, n, "maintenance visited the materialised inboxes")
+	m.check()
+	assert.Zero(t, w.store.Repairs(), "a correct system needs no repair")
 }
 
 // TestFeedInvariantsSmallCaps runs the model with caps of 20, so trimming,

@@ -258,9 +258,15 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 			return err
 		}
 	}
+	var maintenance *feeds.Maintenance
 	if slices.Contains(cfg.Roles, rolePlanner) {
 		runners = append(runners, projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger))
+		maintenance = feeds.NewMaintenance(in.redis, feedStore, planner, feeds.MaintenanceConfig{}, logger)
 	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "feed_inbox_repairs_total",
+		Help: "Inbox entries the maintenance round had to repair (ghosts, missing posts, over-long inboxes); zero in a correct system.",
+	}, func() float64 { return float64(feedStore.Repairs()) }))
 	if slices.Contains(cfg.Roles, roleAppliers) {
 		all := make([]int, cfg.Partitions)
 		for i := range all {
@@ -319,6 +325,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	if slices.Contains(cfg.Roles, rolePlanner) {
 		g.Go(func() error { return materialiseLoop(projCtx, planner, logger) })
+		g.Go(func() error { return maintenance.Run(projCtx) })
 	}
 	g.Go(func() error {
 		<-gctx.Done()

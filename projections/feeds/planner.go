@@ -71,7 +71,13 @@ type Planner struct {
 	// applied is the position this planner last applied or resumed from: the
 	// state in Redis is trusted only while its stored position equals it.
 	applied uint64
+	// enrolled, if set, hears of every inbox materialised (for maintenance).
+	enrolled func(context.Context, []domain.UserID) error
 }
+
+// OnMaterialise makes the planner tell f of the users whose inboxes it
+// materialises.
+func (p *Planner) OnMaterialise(f func(context.Context, []domain.UserID) error) { p.enrolled = f }
 
 // NewPlanner returns the planner writing to store and publishing work with js.
 func NewPlanner(store *Store, js jetstream.JetStream, cfg PlannerConfig, metrics *projections.Metrics) *Planner {
@@ -352,24 +358,79 @@ func (p *Planner) Materialise(ctx context.Context, max int) (int, error) {
 	}
 	w := p.newWork()
 	for _, u := range users {
-		followees, err := p.store.Following(ctx, u)
+		it, err := p.expectedInbox(ctx, u, big)
 		if err != nil {
 			return 0, err
 		}
-		var authors []domain.UserID
-		for _, f := range followees {
-			if !big[f] {
-				authors = append(authors, f)
-			}
-		}
-		outs, err := p.store.Outboxes(ctx, authors)
-		if err != nil {
-			return 0, err
-		}
-		posts, floor := mergeOutboxes(outs, p.store.Config().InboxCap)
-		w.add(Item{Recipient: u, Seq: cp, Op: OpMaterialise, Posts: posts, Floor: floor}, p.cfg.Partitions)
+		it.Seq, it.Op, it.Allowed = cp, OpMaterialise, nil
+		w.add(it, p.cfg.Partitions)
 	}
-	return len(users), p.publish(ctx, w, cp, cp)
+	if err := p.publish(ctx, w, cp, cp); err != nil {
+		return 0, err
+	}
+	if p.enrolled != nil {
+		if err := p.enrolled(ctx, users); err != nil {
+			return len(users), err
+		}
+	}
+	return len(users), nil
+}
+
+// Reconcile sends each user's inbox, as the planner's graph and outboxes say it
+// must be at the planner's position, to be compared with and made equal to the
+// inbox (in order with the user's other work, like materialise); the appliers
+// count what they had to repair.
+func (p *Planner) Reconcile(ctx context.Context, users []domain.UserID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(users) == 0 {
+		return nil
+	}
+	if err := p.verifyLocked(ctx); err != nil {
+		return nil // state lost: the runner replays; check later
+	}
+	bigList, err := p.store.BigAccounts(ctx)
+	if err != nil {
+		return err
+	}
+	big := map[domain.UserID]bool{}
+	for _, b := range bigList {
+		big[b] = true
+	}
+	w := p.newWork()
+	for _, u := range users {
+		it, err := p.expectedInbox(ctx, u, big)
+		if err != nil {
+			return err
+		}
+		it.Seq, it.Op = p.applied, OpReconcile
+		w.add(it, p.cfg.Partitions)
+	}
+	return p.publish(ctx, w, p.applied, p.applied)
+}
+
+// expectedInbox is user's inbox from the outboxes of the accounts they follow
+// that are not big (Posts, Floor), and the posts of the big ones (Allowed).
+func (p *Planner) expectedInbox(ctx context.Context, user domain.UserID, big map[domain.UserID]bool) (Item, error) {
+	followees, err := p.store.Following(ctx, user)
+	if err != nil {
+		return Item{}, err
+	}
+	outs, err := p.store.Outboxes(ctx, followees)
+	if err != nil {
+		return Item{}, err
+	}
+	small := map[domain.UserID]Outbox{}
+	var allowed []domain.PostID
+	for f, o := range outs {
+		if big[f] {
+			allowed = append(allowed, o.Posts...)
+			continue
+		}
+		small[f] = o
+	}
+	posts, floor := mergeOutboxes(small, p.store.Config().InboxCap)
+	return Item{Recipient: user, Posts: posts, Floor: floor, Allowed: allowed}, nil
 }
 
 // mergeOutboxes is the newest limit posts of the outboxes and how far down they

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -85,7 +86,13 @@ type Store struct {
 	cfg       Config
 	apply     *redis.Script
 	outboxAdd *redis.Script
+	// repairs counts the inbox entries reconciliation had to fix: in a correct
+	// system it stays at zero.
+	repairs atomic.Int64
 }
+
+// Repairs is the number of inbox entries reconciliation had to fix so far.
+func (s *Store) Repairs() int64 { return s.repairs.Load() }
 
 // NewStore returns a store over rdb (a client, a cluster client or a ring).
 func NewStore(rdb redis.UniversalClient, cfg Config) *Store {
@@ -118,6 +125,10 @@ const (
 	OpUnmerge
 	// OpMaterialise creates a missing inbox from the given posts and floor.
 	OpMaterialise
+	// OpReconcile makes an existing inbox exactly the given posts above the
+	// higher of its floor and the item's, tolerating Allowed posts, and counts
+	// the entries it had to repair (see Store.Repairs).
+	OpReconcile
 )
 
 func (o Op) String() string {
@@ -132,6 +143,8 @@ func (o Op) String() string {
 		return "unmerge"
 	case OpMaterialise:
 		return "materialise"
+	case OpReconcile:
+		return "reconcile"
 	}
 	return "op(" + strconv.Itoa(int(o)) + ")"
 }
@@ -148,15 +161,18 @@ type Item struct {
 	// merge and unmerge; the followees' posts for materialise.
 	Posts []domain.PostID
 	// Floor is, for merge and unmerge, the author's outbox floor and, for
-	// materialise, the lowest id from which Posts are complete.
+	// materialise and reconcile, the lowest id from which Posts are complete.
 	Floor int64
+	// Allowed, for reconcile, are posts the inbox may hold or not (big accounts'
+	// posts pushed before they grew big: reads merge them anyway).
+	Allowed []domain.PostID `json:",omitempty"`
 }
 
 func stCheckItem(it Item) error {
 	switch {
 	case it.Recipient <= 0:
 		return fmt.Errorf("recipient %d is not a user id: %w", it.Recipient, domain.ErrInvalid)
-	case it.Op < OpPush || it.Op > OpMaterialise:
+	case it.Op < OpPush || it.Op > OpReconcile:
 		return fmt.Errorf("unknown op %d: %w", it.Op, domain.ErrInvalid)
 	case (it.Op == OpPush || it.Op == OpRemove) && len(it.Posts) != 1:
 		return fmt.Errorf("%s carries %d posts, not one: %w", it.Op, len(it.Posts), domain.ErrInvalid)
@@ -231,7 +247,7 @@ func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err 
 // posts.
 func (s *Store) stAppendItem(args []any, it Item) []any {
 	posts, floor := it.Posts, it.Floor
-	if it.Op == OpMaterialise {
+	if it.Op == OpMaterialise || it.Op == OpReconcile {
 		posts, floor = stNewest(posts, floor, s.cfg.InboxCap)
 	}
 	args = append(args,
@@ -241,6 +257,12 @@ func (s *Store) stAppendItem(args []any, it Item) []any {
 		strconv.Itoa(len(posts)))
 	for _, p := range posts {
 		args = append(args, strconv.FormatInt(int64(p), 10))
+	}
+	if it.Op == OpReconcile {
+		args = append(args, strconv.Itoa(len(it.Allowed)))
+		for _, p := range it.Allowed {
+			args = append(args, strconv.FormatInt(int64(p), 10))
+		}
 	}
 	return args
 }
@@ -278,10 +300,13 @@ func (s *Store) stRunApply(ctx context.Context, calls []stApplyCall) (applied in
 	}
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	for i, cmd := range cmds {
-		n, cerr := cmd.Int()
+		res, cerr := cmd.Int64Slice()
 		switch {
+		case cerr == nil && len(res) == 2:
+			applied += int(res[0])
+			s.repairs.Add(res[1])
 		case cerr == nil:
-			applied += n
+			err = fmt.Errorf("apply feed items for user %d: unexpected answer %v", calls[i].recipient, res)
 		case errors.Is(cerr, redis.ErrNoScript) || redis.HasErrorPrefix(cerr, "NOSCRIPT"):
 			noScript = append(noScript, calls[i])
 		case err == nil:

@@ -4,7 +4,8 @@
 -- ARGV[1]  the inbox cap (posts kept)
 -- ARGV[2]  the inbox TTL in milliseconds (set when materialising)
 -- ARGV[3..] the items, each: op, seq, floor, n, post_1 .. post_n
---           op: 1 push, 2 remove, 3 merge, 4 unmerge, 5 materialise
+--           op: 1 push, 2 remove, 3 merge, 4 unmerge, 5 materialise,
+--           6 reconcile, which is followed by m, allowed_1 .. allowed_m
 --
 -- The inbox holds post ids as members scored by themselves (>= 1) and two
 -- specials with negative scores, so they sort below every post (ranks 0 and 1):
@@ -16,7 +17,7 @@
 -- Numbers go back to Redis through num(): Lua's own number-to-string
 -- conversion keeps 14 digits, and ids have up to 16.
 --
--- Returns the number of items applied.
+-- Returns {items applied, entries reconcile had to repair}.
 
 local key = KEYS[1]
 local cap = tonumber(ARGV[1])
@@ -117,7 +118,41 @@ local function save()
   redis.call('ZADD', key, num(-(floor + 1)), 'f', num(-(seq + 1)), 's')
 end
 
-local applied, dirty = 0, false
+-- reconcile makes the inbox exactly the posts ARGV[first .. last] above the
+-- higher of its floor and f, and counts what it had to change: entries above
+-- that floor that should not be there (unless allowed: a big account's older
+-- posts, which reads merge anyway), entries missing, and the entries beyond the
+-- cap of those that remain. Entries below the floor are dropped uncounted when
+-- the inbox is within its cap: the planner cannot vouch for them, but they are
+-- not wrong.
+local function reconcile(first, last, f, afirst, alast)
+  f = math.max(floor, f)
+  local want, allowed, repairs = {}, {}, 0
+  for j = first, last do
+    if tonumber(ARGV[j]) >= f then want[ARGV[j]] = true end
+  end
+  for j = afirst, alast do allowed[ARGV[j]] = true end
+  local have = redis.call('ZRANGE', key, 2, -1)
+  local present, remaining = {}, 0
+  for _, p in ipairs(have) do
+    present[p] = true
+    if tonumber(p) >= f and not want[p] and not allowed[p] then
+      redis.call('ZREM', key, p)
+      repairs = repairs + 1
+    else
+      remaining = remaining + 1
+    end
+  end
+  if remaining > cap then repairs = repairs + remaining - cap end
+  for p in pairs(want) do
+    if not present[p] then repairs = repairs + 1 end
+  end
+  raise(f)
+  put(first, last, floor)
+  return repairs
+end
+
+local applied, repaired, dirty = 0, 0, false
 local i = 3
 while i <= #ARGV do
   local op = tonumber(ARGV[i])
@@ -125,7 +160,19 @@ while i <= #ARGV do
   local ifloor = tonumber(ARGV[i + 2])
   local first, last = i + 4, i + 3 + tonumber(ARGV[i + 3])
   i = last + 1
-  if op == 5 then
+  local afirst, alast = 0, -1
+  if op == 6 then
+    afirst, alast = i + 1, i + tonumber(ARGV[i])
+    i = alast + 1
+  end
+  if op == 6 then
+    -- At the planner's position, which the inbox may already have reached.
+    if exists and iseq >= seq then
+      repaired = repaired + reconcile(first, last, ifloor, afirst, alast)
+      seq = iseq
+      applied, dirty = applied + 1, true
+    end
+  elseif op == 5 then
     if not exists then
       exists, floor, seq = true, ifloor, iseq
       save()
@@ -133,7 +180,7 @@ while i <= #ARGV do
       redis.call('PEXPIRE', key, ttl)
       applied, dirty = applied + 1, true
     end
-  elseif op < 1 or op > 5 then
+  elseif op < 1 or op > 6 then
     if dirty then save() end
     return redis.error_reply('ERR feed apply: unknown op ' .. num(op))
   elseif exists and iseq > seq then
@@ -153,4 +200,4 @@ while i <= #ARGV do
   end
 end
 if dirty then save() end
-return applied
+return {applied, repaired}
