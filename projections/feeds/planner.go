@@ -238,55 +238,58 @@ func (p *Planner) plan(ctx context.Context, rec events.Record, w *work) error {
 			w.add(Item{Recipient: f, Seq: rec.Seq, Op: OpRemove, Posts: []domain.PostID{e.PostID}}, parts)
 		}
 	case events.UserFollowed:
-		if err := p.store.Follow(ctx, e.FollowerID, e.FolloweeID); err != nil {
-			return err
-		}
-		wasBig, err := p.isBig(ctx, e.FolloweeID)
-		if err != nil {
-			return err
-		}
-		big, err := p.updateBig(ctx, e.FolloweeID, wasBig, rec.Seq, w)
-		if err != nil || big {
-			return err
-		}
-		out, err := p.outbox(ctx, e.FolloweeID)
-		if err != nil {
-			return err
-		}
-		w.add(Item{Recipient: e.FollowerID, Seq: rec.Seq, Op: OpMerge, Posts: out.Posts, Floor: out.Floor}, parts)
+		return p.planFollow(ctx, rec.Seq, e.FollowerID, e.FolloweeID, true, w)
 	case events.UserUnfollowed:
-		if err := p.store.Unfollow(ctx, e.FollowerID, e.FolloweeID); err != nil {
-			return err
-		}
-		wasBig, err := p.isBig(ctx, e.FolloweeID)
-		if err != nil {
-			return err
-		}
-		if _, err := p.updateBig(ctx, e.FolloweeID, wasBig, rec.Seq, w); err != nil {
-			return err
-		}
-		out, err := p.outbox(ctx, e.FolloweeID)
-		if err != nil {
-			return err
-		}
-		w.add(Item{Recipient: e.FollowerID, Seq: rec.Seq, Op: OpUnmerge, Posts: out.Posts, Floor: out.Floor}, parts)
+		return p.planFollow(ctx, rec.Seq, e.FollowerID, e.FolloweeID, false, w)
 	}
 	// Edits, likes and comments change no feed: pages are hydrated from the
 	// read model.
 	return nil
 }
 
-func (p *Planner) isBig(ctx context.Context, user domain.UserID) (bool, error) {
-	big, err := p.store.BigAccounts(ctx)
+// planFollow updates the graph for a follow or unfollow and sends the follower
+// the followee's outbox to merge or unmerge (none to merge from a big account:
+// its posts are merged at read time).
+func (p *Planner) planFollow(ctx context.Context, seq uint64, follower, followee domain.UserID, follow bool, w *work) error {
+	change, op := p.store.Unfollow, OpUnmerge
+	if follow {
+		change, op = p.store.Follow, OpMerge
+	}
+	if err := change(ctx, follower, followee); err != nil {
+		return err
+	}
+	wasBig, err := p.isBig(ctx, followee)
 	if err != nil {
-		return false, err
+		return err
 	}
-	for _, b := range big {
-		if b == user {
-			return true, nil
-		}
+	big, err := p.updateBig(ctx, followee, wasBig, seq, w)
+	if err != nil || (follow && big) {
+		return err
 	}
-	return false, nil
+	out, err := p.outbox(ctx, followee)
+	if err != nil {
+		return err
+	}
+	w.add(Item{Recipient: follower, Seq: seq, Op: op, Posts: out.Posts, Floor: out.Floor}, p.cfg.Partitions)
+	return nil
+}
+
+// bigSet is the set of big accounts.
+func (p *Planner) bigSet(ctx context.Context) (map[domain.UserID]bool, error) {
+	list, err := p.store.BigAccounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	big := make(map[domain.UserID]bool, len(list))
+	for _, b := range list {
+		big[b] = true
+	}
+	return big, nil
+}
+
+func (p *Planner) isBig(ctx context.Context, user domain.UserID) (bool, error) {
+	big, err := p.bigSet(ctx)
+	return big[user], err
 }
 
 // updateBig keeps the set of big accounts, whose posts are not pushed. An
@@ -348,13 +351,9 @@ func (p *Planner) Materialise(ctx context.Context, max int) (int, error) {
 		return 0, err
 	}
 	cp := p.applied
-	bigList, err := p.store.BigAccounts(ctx)
+	big, err := p.bigSet(ctx)
 	if err != nil {
 		return 0, err
-	}
-	big := map[domain.UserID]bool{}
-	for _, b := range bigList {
-		big[b] = true
 	}
 	w := p.newWork()
 	for _, u := range users {
@@ -389,13 +388,9 @@ func (p *Planner) Reconcile(ctx context.Context, users []domain.UserID) error {
 	if err := p.verifyLocked(ctx); err != nil {
 		return nil // state lost: the runner replays; check later
 	}
-	bigList, err := p.store.BigAccounts(ctx)
+	big, err := p.bigSet(ctx)
 	if err != nil {
 		return err
-	}
-	big := map[domain.UserID]bool{}
-	for _, b := range bigList {
-		big[b] = true
 	}
 	w := p.newWork()
 	for _, u := range users {
