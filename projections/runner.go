@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -172,9 +173,13 @@ func (r *Runner) consume(ctx context.Context) error {
 
 	// The next batch is fetched and decoded while this one is applied.
 	fetchCtx, stopFetching := context.WithCancel(ctx)
-	defer stopFetching()
 	batches := make(chan fetched, 1)
-	go r.fetch(fetchCtx, cons, batches)
+	var fetching sync.WaitGroup
+	fetching.Go(func() { r.fetch(fetchCtx, cons, batches) })
+	// The fetcher stops at its next step (a fetch waits at most FetchWait) and
+	// is waited for, so no read of the log outlives this call.
+	defer fetching.Wait()
+	defer stopFetching()
 
 	for ctx.Err() == nil {
 		var f fetched
