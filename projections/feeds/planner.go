@@ -405,7 +405,8 @@ func (p *Planner) Reconcile(ctx context.Context, users []domain.UserID) error {
 }
 
 // expectedInbox is user's inbox from the outboxes of the accounts they follow
-// that are not big (Posts, Floor), and the posts of the big ones (Allowed).
+// that are not big (Posts, Floor: no lower than any followed big account's
+// outbox floor), and the posts of the big ones (Allowed).
 func (p *Planner) expectedInbox(ctx context.Context, user domain.UserID, big map[domain.UserID]bool) (Item, error) {
 	followees, err := p.store.Following(ctx, user)
 	if err != nil {
@@ -416,15 +417,32 @@ func (p *Planner) expectedInbox(ctx context.Context, user domain.UserID, big map
 		return Item{}, err
 	}
 	small := map[domain.UserID]Outbox{}
-	var allowed []domain.PostID
+	var (
+		allowed  []domain.PostID
+		bigFloor int64
+	)
 	for f, o := range outs {
 		if big[f] {
 			allowed = append(allowed, o.Posts...)
+			bigFloor = max(bigFloor, o.Floor)
 			continue
 		}
 		small[f] = o
 	}
 	posts, floor := mergeOutboxes(small, p.store.Config().InboxCap)
+	// Reads take nothing from the cache below a big followee's outbox floor (see
+	// Store.Page), and posts a big account had pushed before it grew big may lie
+	// there, which nothing can vouch for: the inbox starts above them.
+	if bigFloor > floor {
+		floor = bigFloor
+		kept := posts[:0]
+		for _, id := range posts {
+			if int64(id) >= floor {
+				kept = append(kept, id)
+			}
+		}
+		posts = kept
+	}
 	return Item{Recipient: user, Posts: posts, Floor: floor, Allowed: allowed}, nil
 }
 
