@@ -133,6 +133,11 @@ func Position(ctx context.Context, store *Store, js jetstream.JetStream) (uint64
 	if err != nil {
 		return 0, fmt.Errorf("feeds position: %w: %w", domain.ErrUnavailable, err)
 	}
+	return positionAfter(ctx, planned, stream)
+}
+
+// positionAfter finishes Position given the planner's position, read first.
+func positionAfter(ctx context.Context, planned uint64, stream jetstream.Stream) (uint64, error) {
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("feeds position: %w: %w", domain.ErrUnavailable, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -15,6 +16,11 @@ import (
 type Reader struct {
 	store *Store
 	js    jetstream.JetStream
+
+	// stream is the fan-out stream's handle, looked up once: every read asks
+	// for the feeds' position, and a lookup is itself a request to JetStream.
+	mu     sync.Mutex
+	stream jetstream.Stream
 }
 
 // NewReader returns a reader of store; js finds the feeds' position.
@@ -55,7 +61,22 @@ func (r *Reader) RequestMaterialise(ctx context.Context, user domain.UserID) err
 
 // Position is how far the feeds reflect the log (see Position).
 func (r *Reader) Position(ctx context.Context) (uint64, error) {
-	return Position(ctx, r.store, r.js)
+	planned, err := r.store.PlannerPosition(ctx)
+	if err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	stream := r.stream
+	r.mu.Unlock()
+	if stream == nil {
+		if stream, err = r.js.Stream(ctx, FanoutStream); err != nil {
+			return 0, fmt.Errorf("feeds position: %w: %w", domain.ErrUnavailable, err)
+		}
+		r.mu.Lock()
+		r.stream = stream
+		r.mu.Unlock()
+	}
+	return positionAfter(ctx, planned, stream)
 }
 
 // advancePosition moves the planner's position from `from` to `to` only if it
