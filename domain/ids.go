@@ -19,6 +19,8 @@ type PostID int64
 // CommentID identifies a comment. Comment ids are time-ordered like post ids.
 type CommentID int64
 
+// String writes an id as clients see it: decimal.
+
 func (id UserID) String() string    { return strconv.FormatInt(int64(id), 10) }
 func (id PostID) String() string    { return strconv.FormatInt(int64(id), 10) }
 func (id CommentID) String() string { return strconv.FormatInt(int64(id), 10) }

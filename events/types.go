@@ -90,6 +90,8 @@ type CommentAdded struct {
 	CreatedAt time.Time        `json:"created_at"`
 }
 
+// Type, Actor and Subject implement Event for each payload.
+
 func (PostCreated) Type() string    { return TypePostCreated }
 func (PostEdited) Type() string     { return TypePostEdited }
 func (PostDeleted) Type() string    { return TypePostDeleted }
