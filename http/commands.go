@@ -415,13 +415,19 @@ func (h *commands) followCommand(c *fiber.Ctx, follow bool) error {
 	if target == p.UserID {
 		return fmt.Errorf("you cannot follow or unfollow yourself: %w", domain.ErrInvalid)
 	}
-	id, _, err := eventID(c, p.UserID)
-	if err != nil {
-		return err
-	}
 	var ev events.Event = events.UserFollowed{FollowerID: p.UserID, FolloweeID: target}
 	if !follow {
 		ev = events.UserUnfollowed{FollowerID: p.UserID, FolloweeID: target}
+	}
+	return h.appendAndAnswer(c, p.UserID, ev)
+}
+
+// appendAndAnswer appends a command's one event under the request's event id
+// and answers 202 (for a retried Idempotency-Key, the first answer).
+func (h *commands) appendAndAnswer(c *fiber.Ctx, user domain.UserID, ev events.Event) error {
+	id, _, err := eventID(c, user)
+	if err != nil {
+		return err
 	}
 	seq, first, err := h.appendEvent(c.UserContext(), id, ev)
 	if err != nil {
@@ -439,10 +445,6 @@ func (h *commands) likeCommand(c *fiber.Ctx, like bool) error {
 	if err != nil {
 		return err
 	}
-	id, _, err := eventID(c, p.UserID)
-	if err != nil {
-		return err
-	}
 	if _, _, err := h.livePost(c.UserContext(), post); err != nil {
 		return err
 	}
@@ -450,11 +452,7 @@ func (h *commands) likeCommand(c *fiber.Ctx, like bool) error {
 	if !like {
 		ev = events.PostUnliked{UserID: p.UserID, PostID: post}
 	}
-	seq, first, err := h.appendEvent(c.UserContext(), id, ev)
-	if err != nil {
-		return err
-	}
-	return accepted(c, seq, first)
+	return h.appendAndAnswer(c, p.UserID, ev)
 }
 
 type commentBody struct {
@@ -464,10 +462,6 @@ type commentBody struct {
 func (h *commands) comment(c *fiber.Ctx) error {
 	p, _ := principal(c)
 	post, err := domain.ParsePostID(c.Params("id"))
-	if err != nil {
-		return err
-	}
-	id, _, err := eventID(c, p.UserID)
 	if err != nil {
 		return err
 	}
@@ -486,11 +480,7 @@ func (h *commands) comment(c *fiber.Ctx) error {
 	}
 	commentID, createdAt := h.ids.Next(h.now())
 	ev := events.CommentAdded{CommentID: domain.CommentID(commentID), PostID: post, UserID: p.UserID, Text: *body.Text, CreatedAt: createdAt}
-	seq, first, err := h.appendEvent(c.UserContext(), id, ev)
-	if err != nil {
-		return err
-	}
-	return accepted(c, seq, first)
+	return h.appendAndAnswer(c, p.UserID, ev)
 }
 
 // serveMedia serves a stored image; keys are content hashes, so the answer never

@@ -177,23 +177,10 @@ func (h *reads) grid(c *fiber.Ctx, userParam string) error {
 	if err != nil {
 		return err
 	}
-	after, err := cursorParam(c)
-	if err != nil {
-		return err
-	}
-	if err := h.ready(c); err != nil {
-		return err
-	}
-	ctx, cancel := queryContext(c)
-	defer cancel()
-	page, err := h.model.ProfileGrid(ctx, user, after)
-	if err != nil {
-		return err
-	}
-	return c.JSON(gridPageView{
-		Posts:      views(page.Items, newGridItemView),
-		NextCursor: nextCursor(page.Next),
-		HasMore:    page.HasMore,
+	return listPage(h, c, func(ctx context.Context, after *domain.Cursor) (readmodel.Page[readmodel.GridItem], error) {
+		return h.model.ProfileGrid(ctx, user, after)
+	}, func(p readmodel.Page[readmodel.GridItem]) any {
+		return gridPageView{Posts: views(p.Items, newGridItemView), NextCursor: nextCursor(p.Next), HasMore: p.HasMore}
 	})
 }
 
@@ -202,23 +189,10 @@ func (h *reads) comments(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	after, err := cursorParam(c)
-	if err != nil {
-		return err
-	}
-	if err := h.ready(c); err != nil {
-		return err
-	}
-	ctx, cancel := queryContext(c)
-	defer cancel()
-	page, err := h.model.Comments(ctx, post, after)
-	if err != nil {
-		return err
-	}
-	return c.JSON(commentPageView{
-		Comments:   views(page.Items, newCommentView),
-		NextCursor: nextCursor(page.Next),
-		HasMore:    page.HasMore,
+	return listPage(h, c, func(ctx context.Context, after *domain.Cursor) (readmodel.Page[readmodel.Comment], error) {
+		return h.model.Comments(ctx, post, after)
+	}, func(p readmodel.Page[readmodel.Comment]) any {
+		return commentPageView{Comments: views(p.Items, newCommentView), NextCursor: nextCursor(p.Next), HasMore: p.HasMore}
 	})
 }
 
@@ -235,6 +209,17 @@ func (h *reads) userList(c *fiber.Ctx, list func(ReadModel, context.Context, dom
 	if err != nil {
 		return err
 	}
+	return listPage(h, c, func(ctx context.Context, after *domain.Cursor) (readmodel.Page[domain.UserID], error) {
+		return list(h.model, ctx, user, after)
+	}, func(p readmodel.Page[domain.UserID]) any {
+		return userPageView{Users: views(p.Items, domain.UserID.String), NextCursor: nextCursor(p.Next), HasMore: p.HasMore}
+	})
+}
+
+// listPage is every paged read after its path is parsed: the cursor is checked
+// (bad input never waits), the read waits for X-Min-Position, and the page is
+// queried and answered as its JSON view.
+func listPage[T any](h *reads, c *fiber.Ctx, query func(context.Context, *domain.Cursor) (readmodel.Page[T], error), view func(readmodel.Page[T]) any) error {
 	after, err := cursorParam(c)
 	if err != nil {
 		return err
@@ -244,15 +229,11 @@ func (h *reads) userList(c *fiber.Ctx, list func(ReadModel, context.Context, dom
 	}
 	ctx, cancel := queryContext(c)
 	defer cancel()
-	page, err := list(h.model, ctx, user, after)
+	page, err := query(ctx, after)
 	if err != nil {
 		return err
 	}
-	return c.JSON(userPageView{
-		Users:      views(page.Items, domain.UserID.String),
-		NextCursor: nextCursor(page.Next),
-		HasMore:    page.HasMore,
-	})
+	return c.JSON(view(page))
 }
 
 // The answers' JSON, as API.md and openapi.yaml have them: ids as strings,
