@@ -255,6 +255,39 @@ func TestFeedReplayEquivalence(t *testing.T) {
 	}
 }
 
+// TestMaterialiseRacingRedisLoss: Redis loses everything after the planner
+// checked its state and while it reads the user's follows to build an inbox.
+// Built from that half-lost state at the planner's position, the inbox would be
+// empty and stay so: the replay's work for it is at or below that position.
+func TestMaterialiseRacingRedisLoss(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{})
+	const a, b = domain.UserID(1), domain.UserID(2)
+	w.emit(t, follow(a, b))
+	for range 3 {
+		w.post(t, b)
+	}
+	w.settle(t)
+	following := fmt.Sprintf("feed:{%d}:fng", a)
+	w.beforeCmd.Store(&redisFault{
+		match: func(cmd redis.Cmder) bool {
+			args := cmd.Args()
+			return cmd.Name() == "smembers" && len(args) == 2 && args[1] == following
+		},
+		inject: func() { require.NoError(t, w.rdb.FlushAll(context.Background()).Err()) },
+	})
+	w.page(t, a, "")
+	require.Eventually(t, func() bool { return w.beforeCmd.Load() == nil }, 30*time.Second, 5*time.Millisecond,
+		"the planner never read the follows")
+	head, err := w.log.Head(context.Background())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		pos, err := w.store.PlannerPosition(context.Background())
+		return err == nil && pos >= head
+	}, 60*time.Second, 10*time.Millisecond, "the planner did not replay")
+	w.materialise(t, a)
+	assert.Len(t, w.exact(t, a), 3, "the inbox holds the followed account's posts")
+}
+
 // TestFeedWaitsForTheReadModelToHydrate: the feeds are ahead of the read
 // model; a pushed post the read model does not have yet must not be dropped
 // from the page (the cursor would pass it for good).

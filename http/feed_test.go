@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,6 +47,32 @@ type feedWorld struct {
 	ids     *domain.IDGenerator
 	n       int
 	maint   *feeds.Maintenance
+	// beforeCmd, when set, runs (once) before the next command the service
+	// sends to Redis that it matches: a fault injected at an exact moment.
+	beforeCmd atomic.Pointer[redisFault]
+}
+
+type redisFault struct {
+	match  func(redis.Cmder) bool
+	inject func()
+}
+
+// faultHook runs an armed fault before the command it matches.
+type faultHook struct{ w *feedWorld }
+
+func (h faultHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if f := h.w.beforeCmd.Load(); f != nil && f.match(cmd) && h.w.beforeCmd.CompareAndSwap(f, nil) {
+			f.inject()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h faultHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 func newFeedWorld(t *testing.T, cfg feeds.Config) *feedWorld {
@@ -71,13 +98,17 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", "1024").Err())
 
 	quiet := slog.New(slog.DiscardHandler)
-	w := &feedWorld{log: log, rdb: rdb, store: feeds.NewStore(rdb, cfg), read: readmodel.NewStore(pool), redis: stack.Redis}
+	w := &feedWorld{log: log, rdb: rdb, read: readmodel.NewStore(pool), redis: stack.Redis}
+	// The service's own client, so that faults can be timed to its commands.
+	svc := redis.NewClient(&redis.Options{Addr: stack.Redis.Addr()})
+	svc.AddHook(faultHook{w})
+	w.store = feeds.NewStore(svc, cfg)
 	w.ids, err = domain.NewIDGenerator(5)
 	require.NoError(t, err)
 	planner := feeds.NewPlanner(w.store, js, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	// Tests make maintenance passes themselves; every inbox is due at once.
-	w.maint = feeds.NewMaintenance(rdb, w.store, planner, feeds.MaintenanceConfig{Period: time.Millisecond}, quiet)
+	w.maint = feeds.NewMaintenance(svc, w.store, planner, feeds.MaintenanceConfig{Period: time.Millisecond}, quiet)
 	fast := projections.RunnerConfig{FetchWait: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
 	w.readRun = projections.NewRunner(log, readmodel.NewProjector(pool, nil), fast, nil, quiet)
 	w.planRun = projections.NewRunner(log, planner, fast, nil, quiet)
@@ -108,6 +139,7 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 		nc.Close()
 		pool.Close()
 		_ = rdb.Close()
+		_ = svc.Close()
 	})
 
 	w.auth, err = NewAuthenticator(testSecret, nil)

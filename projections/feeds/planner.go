@@ -128,12 +128,14 @@ func (p *Planner) Verify(ctx context.Context) error {
 	return p.verifyLocked(ctx)
 }
 
+// verifyLocked fails with errStateLost unless Redis holds the planner's state
+// as of its last batch. Everything that reads that state to plan work checks
+// it again afterwards: a flush in between would have let it read a mix of the
+// lost state and none, and send that as truth at its position — an inbox the
+// replay could then never correct, its sequence guard taking the replayed
+// work for old.
 func (p *Planner) verifyLocked(ctx context.Context) error {
-	exists, err := p.store.plannerPositionExists(ctx)
-	if err != nil {
-		return err
-	}
-	pos, err := p.store.PlannerPosition(ctx)
+	pos, exists, err := p.store.plannerState(ctx)
 	if err != nil {
 		return err
 	}
@@ -195,6 +197,9 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 		if err := p.plan(ctx, rec, w); err != nil {
 			return err
 		}
+	}
+	if err := p.verifyLocked(ctx); err != nil {
+		return err
 	}
 	if err := p.publish(ctx, w, fresh[0].Seq, fresh[len(fresh)-1].Seq); err != nil {
 		return err
@@ -364,6 +369,10 @@ func (p *Planner) Materialise(ctx context.Context, max int) (int, error) {
 		it.Seq, it.Op, it.Allowed = cp, OpMaterialise, nil
 		w.add(it, p.cfg.Partitions)
 	}
+	if err := p.verifyLocked(ctx); err != nil {
+		// Lost while reading: the requests went with it, and readers ask again.
+		return 0, nil
+	}
 	if err := p.publish(ctx, w, cp, cp); err != nil {
 		return 0, err
 	}
@@ -400,6 +409,9 @@ func (p *Planner) Reconcile(ctx context.Context, users []domain.UserID) error {
 		}
 		it.Seq, it.Op = p.applied, OpReconcile
 		w.add(it, p.cfg.Partitions)
+	}
+	if err := p.verifyLocked(ctx); err != nil {
+		return nil
 	}
 	return p.publish(ctx, w, p.applied, p.applied)
 }

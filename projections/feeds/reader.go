@@ -2,6 +2,7 @@ package feeds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -111,12 +112,21 @@ func (s *Store) advancePlannerPosition(ctx context.Context, from, to uint64) err
 	return nil
 }
 
-func (s *Store) plannerPositionExists(ctx context.Context) (bool, error) {
-	n, err := s.rdb.Exists(ctx, stPlannerPosKey).Result()
-	if err != nil {
-		return false, stFail("planner position", err)
+// plannerState is the planner's position and whether its key exists at all
+// (a missing key after the first batch means Redis lost the planner's state).
+func (s *Store) plannerState(ctx context.Context) (seq uint64, stored bool, err error) {
+	v, err := s.rdb.Get(ctx, stPlannerPosKey).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, false, nil
 	}
-	return n == 1, nil
+	if err != nil {
+		return 0, false, stFail("read planner position", err)
+	}
+	seq, err = strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("read planner position: %q is not a sequence", v)
+	}
+	return seq, true, nil
 }
 
 // clearWarming lets users ask for their inbox again once their request is

@@ -487,18 +487,8 @@ func (s *Store) stUsers(ctx context.Context, key, what string) ([]domain.UserID,
 // PlannerPosition returns the log sequence the planner has finished (0 if it
 // never ran).
 func (s *Store) PlannerPosition(ctx context.Context) (uint64, error) {
-	v, err := s.rdb.Get(ctx, stPlannerPosKey).Result()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, stFail("read planner position", err)
-	}
-	seq, err := strconv.ParseUint(v, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("read planner position: %q is not a sequence", v)
-	}
-	return seq, nil
+	seq, _, err := s.plannerState(ctx)
+	return seq, err
 }
 
 // SetPlannerPosition records the log sequence the planner has finished.
