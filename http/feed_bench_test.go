@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +24,7 @@ import (
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/http/media"
+	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -76,7 +76,7 @@ func newHomeBench(b *testing.B) *homeBench {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pool, err := pgxpool.New(ctx, stack.Postgres.URL())
+	pool, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema)
 	if err != nil {
 		b.Fatal(err)
 	}

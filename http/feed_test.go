@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +25,7 @@ import (
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/http/media"
+	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -92,7 +92,7 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	require.NoError(t, err)
 	log, err := events.OpenLog(ctx, js, events.Config{}, nil)
 	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, stack.Postgres.URL())
+	pool, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema)
 	require.NoError(t, err)
 	rdb := redis.NewClient(&redis.Options{Addr: stack.Redis.Addr()})
 	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", "1024").Err())

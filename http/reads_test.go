@@ -27,8 +27,8 @@ func readModelDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
 	pg := localstack.PostgresForTest(t)
-	require.NoError(t, migrations.Up(ctx, pg.URL()))
-	pool, err := pgxpool.New(ctx, pg.URL())
+	require.NoError(t, migrations.Up(ctx, pg.URL(), migrations.Schema))
+	pool, err := readmodel.OpenPool(ctx, pg.URL(), migrations.Schema)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool

@@ -1,6 +1,12 @@
 // Package migrations holds the read model's schema as numbered SQL files
 // (golang-migrate's NNNNNN_name.up.sql / .down.sql), embedded in the binary and
 // applied at start.
+//
+// The files name no schema: they are applied inside a Postgres schema of the
+// caller's choice (the live read model's, Schema, or a rebuild's shadow), which
+// also holds that schema's own migration version table. A read model is a
+// schema, so a rebuild builds a whole new one beside the live one and swaps the
+// two names in one transaction.
 package migrations
 
 import (
@@ -13,17 +19,24 @@ import (
 	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
 //go:embed *.sql
 var files embed.FS
 
-// Up applies every migration not yet applied to the database at url. Concurrent
-// callers (several replicas starting together) are serialised by the migration
-// tool's advisory lock.
-func Up(ctx context.Context, url string) error {
-	m, closeAll, err := open(url)
+// Schema is the Postgres schema of the live read model.
+const Schema = "readmodel"
+
+// Up creates schema in the database at url if it is missing and applies every
+// migration not yet applied inside it. Concurrent callers (several replicas
+// starting together) are serialised by the migration tool's advisory lock.
+func Up(ctx context.Context, url, schema string) error {
+	if err := createSchema(ctx, url, schema); err != nil {
+		return err
+	}
+	m, closeAll, err := open(url, schema)
 	if err != nil {
 		return err
 	}
@@ -42,10 +55,10 @@ func Up(ctx context.Context, url string) error {
 	return nil
 }
 
-// Version reports the applied schema version and whether a migration failed
+// Version reports the version applied in schema and whether a migration failed
 // half-way (dirty).
-func Version(url string) (uint, bool, error) {
-	m, closeAll, err := open(url)
+func Version(url, schema string) (uint, bool, error) {
+	m, closeAll, err := open(url, schema)
 	if err != nil {
 		return 0, false, err
 	}
@@ -57,7 +70,26 @@ func Version(url string) (uint, bool, error) {
 	return v, dirty, nil
 }
 
-func open(url string) (*migrate.Migrate, func(), error) {
+// createSchema creates schema unless it exists; a replica creating it at the
+// same moment is not an error.
+func createSchema(ctx context.Context, url, schema string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return fmt.Errorf("connect for migrations: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	_, err = conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P06" || pgErr.Code == "23505") {
+		return nil // duplicate_schema, or the catalogue's unique index in the race
+	}
+	if err != nil {
+		return fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	return nil
+}
+
+func open(url, schema string) (*migrate.Migrate, func(), error) {
 	src, err := iofs.New(files, ".")
 	if err != nil {
 		return nil, nil, fmt.Errorf("open embedded migrations: %w", err)
@@ -66,8 +98,9 @@ func open(url string) (*migrate.Migrate, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("parse database url: %w", err)
 	}
+	cfg.RuntimeParams["search_path"] = schema
 	db := stdlib.OpenDB(*cfg)
-	driver, err := pgxmigrate.WithInstance(db, &pgxmigrate.Config{MigrationsTable: "schema_migrations"})
+	driver, err := pgxmigrate.WithInstance(db, &pgxmigrate.Config{MigrationsTable: "schema_migrations", SchemaName: schema})
 	if err != nil {
 		_ = db.Close()
 		return nil, nil, fmt.Errorf("open database for migrations: %w", err)

@@ -151,11 +151,11 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 	in.readRedis = redis.NewClient(&readOpts)
 	in.closers = append(in.closers, func() { _ = in.readRedis.Close() })
 
-	if err := migrations.Up(ctx, databaseURL); err != nil {
+	if err := migrations.Up(ctx, databaseURL, migrations.Schema); err != nil {
 		return nil, err
 	}
-	if in.pg, err = pgxpool.New(ctx, databaseURL); err != nil {
-		return nil, fmt.Errorf("connect postgres: %w", err)
+	if in.pg, err = readmodel.OpenPool(ctx, databaseURL, migrations.Schema); err != nil {
+		return nil, err
 	}
 	in.closers = append(in.closers, in.pg.Close)
 	if err := in.pg.Ping(ctx); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -95,7 +96,7 @@ func connectStatus(ctx context.Context, cfg config) *statusConns {
 	if databaseURL == "" {
 		databaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/feed?sslmode=disable", cfg.DevPGPort)
 	}
-	if pg, err := pgxpool.New(ctx, databaseURL); err != nil {
+	if pg, err := readmodel.OpenPool(ctx, databaseURL, migrations.Schema); err != nil {
 		c.errs["postgres"] = fmt.Sprintf("connect postgres: %v", err)
 	} else {
 		c.closes = append(c.closes, pg.Close)

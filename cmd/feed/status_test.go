@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -49,7 +49,7 @@ func TestStatus(t *testing.T) {
 		_, err := log.AppendEvent(ctx, fmt.Sprintf("ev-%d", i), time.Now(), events.PostLiked{UserID: 1, PostID: 100})
 		require.NoError(t, err)
 	}
-	pg, err := pgxpool.New(ctx, stack.Postgres.URL())
+	pg, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema)
 	require.NoError(t, err)
 	t.Cleanup(pg.Close)
 	setCheckpoint := func(pos int) {

@@ -300,7 +300,7 @@ func buildPostgresTemplate(log *slog.Logger) (*pgTemplate, error) {
 		_ = os.RemoveAll(root)
 		return nil, fmt.Errorf("postgres template: %w", err)
 	}
-	merr := migrations.Up(ctx, pg.URL())
+	merr := migrations.Up(ctx, pg.URL(), migrations.Schema)
 	if err := errors.Join(merr, pg.Stop()); err != nil {
 		_ = os.RemoveAll(root)
 		return nil, fmt.Errorf("postgres template: migrate: %w", err)

@@ -11,13 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/readmodel"
 )
@@ -52,7 +52,7 @@ func BenchmarkReplay(b *testing.B) {
 	pg := localstack.PostgresForTest(b)
 	for b.Loop() {
 		raw := rawOrderedRead(b, js, log.Stream(), n)
-		pool, err := pgxpool.New(ctx, pg.URL())
+		pool, err := readmodel.OpenPool(ctx, pg.URL(), migrations.Schema)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/readmodel"
 )
@@ -38,7 +39,7 @@ func pjDatabase(t *testing.T, pg *localstack.Postgres, name string) *pgxpool.Poo
 	_, err = admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE feed")
 	require.NoError(t, err)
 	url := strings.Replace(pg.URL(), "/feed?", "/"+name+"?", 1)
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := readmodel.OpenPool(ctx, url, migrations.Schema)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool

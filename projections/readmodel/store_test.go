@@ -26,8 +26,8 @@ func openPool(tb testing.TB, cfg func(*pgxpool.Config)) *pgxpool.Pool {
 	tb.Helper()
 	ctx := context.Background()
 	pg := localstack.PostgresForTest(tb)
-	require.NoError(tb, migrations.Up(ctx, pg.URL()))
-	pc, err := pgxpool.ParseConfig(pg.URL())
+	require.NoError(tb, migrations.Up(ctx, pg.URL(), migrations.Schema))
+	pc, err := readmodel.PoolConfig(pg.URL(), migrations.Schema)
 	require.NoError(tb, err)
 	if cfg != nil {
 		cfg(pc)
