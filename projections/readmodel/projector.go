@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,11 @@ const ProjectorName = "readmodel"
 type Projector struct {
 	pool    *pgxpool.Pool
 	metrics *projections.Metrics
+	// applied is the checkpoint as of this projector's last read or batch. A
+	// stored checkpoint below it means the read model was replaced by an older
+	// one (a rebuild's switch, a restore): the runner must rewind to it, or the
+	// events between would be missing from the new one for good.
+	applied atomic.Uint64
 }
 
 // NewProjector returns the read model projector writing to pool.
@@ -38,6 +44,15 @@ func (p *Projector) Name() string { return ProjectorName }
 
 // Checkpoint implements projections.Projector.
 func (p *Projector) Checkpoint(ctx context.Context) (uint64, error) {
+	pos, err := p.stored(ctx)
+	if err != nil {
+		return 0, err
+	}
+	p.applied.Store(pos)
+	return pos, nil
+}
+
+func (p *Projector) stored(ctx context.Context) (uint64, error) {
 	var pos int64
 	err := p.pool.QueryRow(ctx, `SELECT position FROM projector_checkpoints WHERE projector = $1`, ProjectorName).Scan(&pos)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -47,6 +62,22 @@ func (p *Projector) Checkpoint(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("read model checkpoint: %w", pgFailure(err))
 	}
 	return uint64(pos), nil
+}
+
+// errWentBack is a stored checkpoint below what this projector applied.
+var errWentBack = errors.New("the read model's checkpoint went back: rewinding to it")
+
+// Verify implements projections.Verifier: while the log is quiet, it notices a
+// read model replaced by one that is behind, so that the runner rewinds.
+func (p *Projector) Verify(ctx context.Context) error {
+	pos, err := p.stored(ctx)
+	if err != nil {
+		return err
+	}
+	if applied := p.applied.Load(); pos < applied {
+		return fmt.Errorf("at %d, applied %d: %w", pos, applied, errWentBack)
+	}
+	return nil
 }
 
 // Apply implements projections.Projector. A batch is applied as a few
@@ -78,6 +109,9 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 		ProjectorName).Scan(&cp); err != nil {
 		return fmt.Errorf("lock checkpoint: %w", pgFailure(err))
 	}
+	if applied := p.applied.Load(); uint64(cp) < applied {
+		return fmt.Errorf("at %d, applied %d: %w", cp, applied, errWentBack)
+	}
 	fresh := batch[:0:0]
 	for _, rec := range batch {
 		if rec.Seq > uint64(cp) {
@@ -85,6 +119,7 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 		}
 	}
 	if len(fresh) == 0 {
+		p.applied.Store(uint64(cp)) // another instance applied them
 		return nil
 	}
 
@@ -129,6 +164,7 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", pgFailure(err))
 	}
+	p.applied.Store(fresh[len(fresh)-1].Seq)
 	return nil
 }
 

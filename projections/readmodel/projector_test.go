@@ -269,10 +269,16 @@ func pjLog(t *testing.T) *events.Log {
 // flapping follows, duplicates, comments on unknown posts.
 func workload(t *testing.T, log *events.Log, n int, seed uint64) {
 	t.Helper()
-	ctx := context.Background()
+	require.NoError(t, appendWorkload(context.Background(), log, n, seed, 0))
+}
+
+// appendWorkload appends workload's events, one every pace.
+func appendWorkload(ctx context.Context, log *events.Log, n int, seed uint64, pace time.Duration) error {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	ids, err := domain.NewIDGenerator(0)
-	require.NoError(t, err)
+	if err != nil {
+		return err
+	}
 	var posts []events.PostCreated
 	clock := t0
 	for i := range n {
@@ -315,9 +321,12 @@ func workload(t *testing.T, log *events.Log, n int, seed uint64) {
 			}
 			ev = events.CommentAdded{CommentID: domain.CommentID(id), PostID: post, UserID: user, Text: fmt.Sprintf("c%d", i), CreatedAt: at}
 		}
-		_, err := log.AppendEvent(ctx, fmt.Sprintf("w%d-%d", seed, i), clock, ev)
-		require.NoError(t, err)
+		if _, err := log.AppendEvent(ctx, fmt.Sprintf("w%d-%d", seed, i), clock, ev); err != nil {
+			return err
+		}
+		time.Sleep(pace)
 	}
+	return nil
 }
 
 // replay builds a read model from sequence 1 with plain reads of the log, in
