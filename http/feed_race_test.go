@@ -115,7 +115,7 @@ func TestPushIntoExpiredInbox(t *testing.T) {
 	w.emit(t, follow(a, b))
 	older := []domain.PostID{w.post(t, b), w.post(t, b)}
 	w.materialise(t, a)
-	require.NoError(t, w.rdb.Del(context.Background(), fmt.Sprintf("feed:{%d}:in", a)).Err()) // expired
+	require.NoError(t, w.rdb.Del(context.Background(), fmt.Sprintf("feed:v1:{%d}:in", a)).Err()) // expired
 	w.post(t, b)
 	w.settle(t)
 	_, _, _, ok, err := w.store.Inbox(context.Background(), a)
@@ -267,7 +267,7 @@ func TestMaterialiseRacingRedisLoss(t *testing.T) {
 		w.post(t, b)
 	}
 	w.settle(t)
-	following := fmt.Sprintf("feed:{%d}:fng", a)
+	following := fmt.Sprintf("feed:v1:{%d}:fng", a)
 	w.beforeCmd.Store(&redisFault{
 		match: func(cmd redis.Cmder) bool {
 			args := cmd.Args()
@@ -333,7 +333,7 @@ func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
 	before := w.exact(t, a)
 	require.Len(t, before, 6)
 
-	key := fmt.Sprintf("feed:{%d}:in", a)
+	key := fmt.Sprintf("feed:v1:{%d}:in", a)
 	require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(deleted), Member: int64(deleted)}).Err())   // ghost: deleted
 	require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(stranger), Member: int64(stranger)}).Err()) // ghost: not followed
 	require.NoError(t, w.rdb.ZRem(ctx, key, int64(bPosts[1])).Err())                                           // missing

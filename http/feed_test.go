@@ -297,7 +297,7 @@ func (m *model) step() {
 		m.w.page(m.t, a, "")
 	default:
 		// An inbox expires.
-		require.NoError(m.t, m.w.rdb.Del(ctx, fmt.Sprintf("feed:{%d}:in", a)).Err())
+		require.NoError(m.t, m.w.rdb.Del(ctx, fmt.Sprintf("feed:v1:{%d}:in", a)).Err())
 	}
 }
 

@@ -139,7 +139,12 @@ func (c *statusConns) sample(ctx context.Context) sample {
 		s.errs[feeds.PlannerName] = "redis unavailable: " + c.errs["redis"]
 		return s
 	}
-	planned, err := c.feeds.PlannerPosition(ctx)
+	store, err := c.feeds.Active(ctx)
+	if err != nil {
+		s.errs[feeds.PlannerName] = err.Error()
+		return s
+	}
+	planned, err := store.PlannerPosition(ctx)
 	if err != nil {
 		s.errs[feeds.PlannerName] = err.Error()
 		return s
@@ -154,7 +159,7 @@ func (c *statusConns) sample(ctx context.Context) sample {
 		s.applied = &planned
 		return s
 	}
-	applied, err := feeds.Position(ctx, c.feeds, c.js)
+	applied, err := feeds.Position(ctx, store, c.js)
 	if err != nil {
 		s.errs[feeds.PlannerName] = err.Error()
 		return s

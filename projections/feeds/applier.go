@@ -33,11 +33,63 @@ type Applier struct {
 	logger     *slog.Logger
 	running    atomic.Int32
 	applied    atomic.Int64
+
+	// fanout is the stream it consumes; pinned, a rebuild's keyspace version,
+	// the only one its appliers apply.
+	fanout Fanout
+	pinned int64
+	// floor is the oldest keyspace version whose work is still applied (work
+	// for one a rebuild replaced is dropped), as of checked (unix nanoseconds).
+	floor   atomic.Int64
+	checked atomic.Int64
 }
 
-// NewApplier returns an applier of the given partitions.
+// NewApplier returns an applier of the given partitions. It applies work to
+// the keyspace version the work was planned for, unless a newer one is in use.
 func NewApplier(store *Store, js jetstream.JetStream, partitions []int, logger *slog.Logger) *Applier {
-	return &Applier{store: store, js: js, partitions: partitions, logger: logger.With("projector", "feeds-applier")}
+	return &Applier{store: store, js: js, partitions: partitions, fanout: liveFanout, logger: logger.With("projector", "feeds-applier")}
+}
+
+// storeFor returns the store to apply work for keyspace version v, or false if
+// that version was replaced.
+func (a *Applier) storeFor(ctx context.Context, v int64) (*Store, bool) {
+	if a.pinned != 0 {
+		return a.store.At(a.pinned), v == a.pinned
+	}
+	now, last := time.Now().UnixNano(), a.checked.Load()
+	if now-last >= int64(versionCheck) && a.checked.CompareAndSwap(last, now) {
+		if active, err := a.store.ActiveVersion(ctx); err == nil {
+			raise(&a.floor, active)
+		}
+	}
+	if v < a.floor.Load() {
+		return nil, false
+	}
+	// Work for a newer version means the switch happened: the older is gone.
+	raise(&a.floor, v)
+	return a.store.At(v), true
+}
+
+func raise(n *atomic.Int64, v int64) {
+	for {
+		cur := n.Load()
+		if v <= cur || n.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// workVersion is the keyspace version of a fan-out message's work.
+func workVersion(msg jetstream.Msg) (int64, error) {
+	h := msg.Headers().Get(versionHeader)
+	if h == "" {
+		return 1, nil
+	}
+	v, err := strconv.ParseInt(h, 10, 64)
+	if err != nil || v < 1 {
+		return 0, fmt.Errorf("work with %s %q", versionHeader, h)
+	}
+	return v, nil
 }
 
 // Running reports whether every partition is consuming.
@@ -75,10 +127,14 @@ func (a *Applier) runPartition(ctx context.Context, part int) error {
 }
 
 func (a *Applier) consume(ctx context.Context, part int) error {
-	cons, err := a.js.CreateOrUpdateConsumer(ctx, FanoutStream, jetstream.ConsumerConfig{
-		Durable:       fmt.Sprintf("feeds-applier-%d", part),
+	durable := fmt.Sprintf("feeds-applier-%d", part)
+	if a.pinned != 0 {
+		durable = fmt.Sprintf("feeds-applier-v%d-%d", a.pinned, part)
+	}
+	cons, err := a.js.CreateOrUpdateConsumer(ctx, a.fanout.Stream, jetstream.ConsumerConfig{
+		Durable:       durable,
 		Description:   "Applies the feed planner's work for one partition of recipients, in order.",
-		FilterSubject: fmt.Sprintf("fanout.%d", part),
+		FilterSubject: fmt.Sprintf("%s.%d", a.fanout.Subject, part),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		// One message at a time: a failed one comes again before any later one.
 		MaxAckPending: 1,
@@ -96,14 +152,23 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 		}
 		for msg := range batch.Messages() {
 			var items []Item
-			if err := json.Unmarshal(msg.Data(), &items); err != nil {
+			v, err := workVersion(msg)
+			if err == nil {
+				err = json.Unmarshal(msg.Data(), &items)
+			}
+			if err != nil {
 				// Work is written by the planner of this build; a body that does
 				// not decode can never be applied, so it is logged and dropped.
 				a.logger.Error("undecodable work dropped", "partition", part, "err", err)
 				_ = msg.Term()
 				continue
 			}
-			n, err := a.store.ApplyItems(context.WithoutCancel(ctx), items)
+			store, ok := a.storeFor(ctx, v)
+			if !ok {
+				_ = msg.Ack() // for a keyspace version a rebuild replaced
+				continue
+			}
+			n, err := store.ApplyItems(context.WithoutCancel(ctx), items)
 			if err != nil {
 				_ = msg.NakWithDelay(100 * time.Millisecond)
 				return fmt.Errorf("apply work: %w", err)

@@ -331,7 +331,7 @@ func BenchmarkInboxMemory(b *testing.B) {
 			b.Fatalf("%d of %d inboxes materialised", applied, inboxes)
 		}
 		after := usedMemory(b, rdb)
-		key := fmt.Sprintf("feed:{%d}:in", round*inboxes+1)
+		key := fmt.Sprintf("feed:v1:{%d}:in", round*inboxes+1)
 		enc, err := rdb.ObjectEncoding(ctx, key).Result()
 		if err != nil {
 			b.Fatal(err)

@@ -4,22 +4,28 @@
 // by appliers that change each inbox with one idempotent Lua script per
 // recipient, and read a page at a time with big accounts merged in at read time.
 //
-// Keys (persisted names: never rename them). Every per-user key carries the
-// user id as its hash tag, so all of one user's keys share a Redis Cluster slot
-// and every script touches one slot:
+// Keys (persisted names: never rename them) live in a keyspace version,
+// prefixed feed:v<N>: (written <p> below), so that a rebuild can build version
+// N+1 beside the live one and then switch readers and the planner to it by
+// setting feed:version (see Rebuild). Every per-user key carries the user id as
+// its hash tag, so all of one user's keys share a Redis Cluster slot and every
+// script touches one slot:
 //
-//	feed:{<uid>}:in       inbox zset: post ids scored by themselves; "f" scored
+//	feed:version          string: the keyspace version in use (absent: 1).
+//	feed:rebuild          hash: the rebuild in progress (its version, the old).
+//	feed:rebuild:lock     string: held by the running rebuild, with a lease.
+//	<p>{<uid>}:in         inbox zset: post ids scored by themselves; "f" scored
 //	                      -(floor+1): the inbox is exactly the feed's posts with
 //	                      id >= floor; "s" scored -(seq+1): the log sequence of the
 //	                      last work item applied. Expires unless read.
-//	feed:{<uid>}:out      outbox zset: the author's post ids; "f" scored -(floor+1):
+//	<p>{<uid>}:out        outbox zset: the author's post ids; "f" scored -(floor+1):
 //	                      exactly the author's live posts with id >= floor.
-//	feed:{<uid>}:fol      set: the user's followers.
-//	feed:{<uid>}:fng      set: the users the user follows.
-//	feed:{<uid>}:warming  marker deduplicating materialisation requests.
-//	feed:big              set: accounts with more followers than the threshold.
-//	feed:warm             list: materialisation requests (LPUSH, RPOP).
-//	feed:planner:pos      string: the planner's log position.
+//	<p>{<uid>}:fol        set: the user's followers.
+//	<p>{<uid>}:fng        set: the users the user follows.
+//	<p>{<uid>}:warming    marker deduplicating materialisation requests.
+//	<p>big                set: accounts with more followers than the threshold.
+//	<p>warm               list: materialisation requests (LPUSH, RPOP).
+//	<p>planner:pos        string: the planner's log position.
 //
 // Post ids are 53-bit and time-ordered, so a post's id is its exact score and
 // ordering by score is ordering by time; the specials' negative scores keep

@@ -28,6 +28,21 @@ const PlannerName = "feeds"
 // subjects fanout.<partition>. It is derived state: rebuilt by a replay.
 const FanoutStream = "FEED_FANOUT"
 
+// Fanout names a fan-out stream and the root of its subjects
+// (<Subject>.<partition>).
+type Fanout struct{ Stream, Subject string }
+
+// liveFanout is the live planner's; a rebuild has its own (shadowFanout).
+var liveFanout = Fanout{Stream: FanoutStream, Subject: "fanout"}
+
+func shadowFanout(v int64) Fanout {
+	return Fanout{Stream: fmt.Sprintf("%s_V%d", FanoutStream, v), Subject: fmt.Sprintf("fanout-v%d", v)}
+}
+
+// versionHeader carries, on each fan-out message, the keyspace version its
+// work is for.
+const versionHeader = "Feed-Version"
+
 // errStateLost makes the runner rewind to the planner's stored position.
 var errStateLost = errors.New("feed planner state lost")
 
@@ -39,6 +54,11 @@ type PlannerConfig struct {
 	// ItemsPerMessage bounds the work items in one fan-out message (seed 000's
 	// feedUpdateBatchSize); default 200.
 	ItemsPerMessage int
+
+	// version pins a rebuild's planner to its keyspace version and fanout to
+	// its own stream; the live planner (version 0) follows the version in use.
+	version int64
+	fanout  Fanout
 }
 
 func (c PlannerConfig) withDefaults() PlannerConfig {
@@ -47,6 +67,9 @@ func (c PlannerConfig) withDefaults() PlannerConfig {
 	}
 	if c.ItemsPerMessage == 0 {
 		c.ItemsPerMessage = 200
+	}
+	if c.fanout == (Fanout{}) {
+		c.fanout = liveFanout
 	}
 	return c
 }
@@ -60,8 +83,10 @@ func (c PlannerConfig) withDefaults() PlannerConfig {
 // work is applied in the order of the log: an unfollow can never be overtaken by
 // a push of the same author's post.
 type Planner struct {
-	store   *Store
-	js      jetstream.JetStream
+	// store is base's keyspace version this planner writes, changed only when
+	// it resumes (Checkpoint).
+	base, store *Store
+	js          jetstream.JetStream
 	cfg     PlannerConfig
 	metrics *projections.Metrics
 
@@ -80,17 +105,22 @@ type Planner struct {
 func (p *Planner) OnMaterialise(f func(context.Context, []domain.UserID) error) { p.enrolled = f }
 
 // NewPlanner returns the planner writing to store and publishing work with js.
+// The live planner writes the keyspace version in use (see Rebuild).
 func NewPlanner(store *Store, js jetstream.JetStream, cfg PlannerConfig, metrics *projections.Metrics) *Planner {
-	return &Planner{store: store, js: js, cfg: cfg.withDefaults(), metrics: metrics}
+	cfg = cfg.withDefaults()
+	return &Planner{base: store, store: store.At(max(cfg.version, 1)), js: js, cfg: cfg, metrics: metrics}
 }
+
+// follows reports whether the planner follows the keyspace version in use.
+func (p *Planner) follows() bool { return p.cfg.version == 0 }
 
 // EnsureStream creates or updates the fan-out stream: a work queue per
 // partition subject, so applied work is removed.
 func (p *Planner) EnsureStream(ctx context.Context) error {
 	_, err := p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        FanoutStream,
+		Name:        p.cfg.fanout.Stream,
 		Description: "Per-recipient feed work from the planner to the appliers.",
-		Subjects:    []string{"fanout.>"},
+		Subjects:    []string{p.cfg.fanout.Subject + ".>"},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		Duplicates:  10 * time.Minute,
@@ -108,6 +138,13 @@ func (p *Planner) Name() string { return PlannerName }
 func (p *Planner) Checkpoint(ctx context.Context) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.follows() {
+		s, err := p.base.Active(ctx)
+		if err != nil {
+			return 0, err
+		}
+		p.store = s
+	}
 	if err := p.store.initPlannerPosition(ctx); err != nil {
 		return 0, err
 	}
@@ -134,10 +171,17 @@ func (p *Planner) Verify(ctx context.Context) error {
 // lost state and none, and send that as truth at its position — an inbox the
 // replay could then never correct, its sequence guard taking the replayed
 // work for old.
+//
+// It also fails when the keyspace version in use is no longer the planner's: a
+// rebuild switched to its own, which the planner resumes in from that
+// version's position.
 func (p *Planner) verifyLocked(ctx context.Context) error {
-	pos, exists, err := p.store.plannerState(ctx)
+	pos, exists, active, err := p.store.plannerState(ctx)
 	if err != nil {
 		return err
+	}
+	if p.follows() && active != p.store.version {
+		return fmt.Errorf("keyspace version %d in use, planner at %d: %w", active, p.store.version, errStateLost)
 	}
 	if !exists || pos != p.applied {
 		return fmt.Errorf("planner state at %d (stored: %t), expected %d: %w", pos, exists, p.applied, errStateLost)
@@ -172,9 +216,12 @@ func (w *work) add(it Item, partitions int) {
 func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cp, err := p.store.PlannerPosition(ctx)
+	cp, _, active, err := p.store.plannerState(ctx)
 	if err != nil {
 		return err
+	}
+	if p.follows() && active != p.store.version {
+		return fmt.Errorf("keyspace version %d in use, planner at %d: %w", active, p.store.version, errStateLost)
 	}
 	if cp < p.applied {
 		// The position went back: Redis lost the planner's state (a flush, a
@@ -505,8 +552,9 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 			// No dedup id: work published again after a rewind must be delivered
 			// (an inbox built meanwhile needs it), and the inboxes' sequence guard
 			// makes a second delivery change nothing.
-			msg := nats.NewMsg(fmt.Sprintf("fanout.%d", part))
+			msg := nats.NewMsg(fmt.Sprintf("%s.%d", p.cfg.fanout.Subject, part))
 			msg.Data = data
+			msg.Header.Set(versionHeader, strconv.FormatInt(p.store.version, 10))
 			// The first log sequence the work comes from: the feeds' position is
 			// just below the oldest work not yet applied.
 			msg.Header.Set(fromHeader, strconv.FormatUint(first, 10))

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -15,8 +17,12 @@ import (
 
 // Reader is the read side of the home feed in Redis.
 type Reader struct {
-	store *Store
-	js    jetstream.JetStream
+	base *Store
+	js   jetstream.JetStream
+	// cur is the store of the keyspace version in use as of checked (unix
+	// nanoseconds).
+	cur     atomic.Pointer[Store]
+	checked atomic.Int64
 
 	// stream is the fan-out stream's handle, looked up once: every read asks
 	// for the feeds' position, and a lookup is itself a request to JetStream.
@@ -26,13 +32,32 @@ type Reader struct {
 
 // NewReader returns a reader of store; js finds the feeds' position.
 func NewReader(store *Store, js jetstream.JetStream) *Reader {
-	return &Reader{store: store, js: js}
+	r := &Reader{base: store, js: js}
+	r.cur.Store(store)
+	return r
+}
+
+// versionCheck is how often readers look up the keyspace version: a rebuild's
+// switch reaches them within it, and the rebuild keeps the old version
+// readable for longer (RebuildConfig.Grace).
+const versionCheck = time.Second
+
+// store is the store of the keyspace version in use.
+func (r *Reader) store(ctx context.Context) *Store {
+	now, last := time.Now().UnixNano(), r.checked.Load()
+	if now-last >= int64(versionCheck) && r.checked.CompareAndSwap(last, now) {
+		if s, err := r.base.Active(ctx); err == nil {
+			r.cur.Store(s)
+		}
+	}
+	return r.cur.Load()
 }
 
 // Page is the cached part of a home feed page for user (see Store.Page), with
 // the posts of the big accounts the user follows merged in.
 func (r *Reader) Page(ctx context.Context, user domain.UserID, before int64, n int) (Page, error) {
-	big, err := r.store.BigAccounts(ctx)
+	s := r.store(ctx)
+	big, err := s.BigAccounts(ctx)
 	if err != nil {
 		return Page{}, err
 	}
@@ -42,7 +67,7 @@ func (r *Reader) Page(ctx context.Context, user domain.UserID, before int64, n i
 		for i, b := range big {
 			members[i] = int64(b)
 		}
-		is, err := r.store.rdb.SMIsMember(ctx, stUserKey(user, stFollowsSuffix), members...).Result()
+		is, err := s.rdb.SMIsMember(ctx, s.userKey(user, stFollowsSuffix), members...).Result()
 		if err != nil {
 			return Page{}, stFail(fmt.Sprintf("big followees of %d", user), err)
 		}
@@ -52,17 +77,17 @@ func (r *Reader) Page(ctx context.Context, user domain.UserID, before int64, n i
 			}
 		}
 	}
-	return r.store.Page(ctx, user, followed, before, n)
+	return s.Page(ctx, user, followed, before, n)
 }
 
 // RequestMaterialise asks the planner to build the user's inbox.
 func (r *Reader) RequestMaterialise(ctx context.Context, user domain.UserID) error {
-	return r.store.RequestMaterialise(ctx, user)
+	return r.store(ctx).RequestMaterialise(ctx, user)
 }
 
 // Position is how far the feeds reflect the log (see Position).
 func (r *Reader) Position(ctx context.Context) (uint64, error) {
-	planned, err := r.store.PlannerPosition(ctx)
+	planned, err := r.store(ctx).PlannerPosition(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -94,14 +119,14 @@ return 0`)
 // initPosition makes the planner's position key exist (at 0) before the first
 // batch, so that its absence always means lost state.
 func (s *Store) initPlannerPosition(ctx context.Context) error {
-	if err := s.rdb.SetNX(ctx, stPlannerPosKey, "0", 0).Err(); err != nil {
+	if err := s.rdb.SetNX(ctx, s.key(stPlannerPosKey), "0", 0).Err(); err != nil {
 		return stFail("initialise planner position", err)
 	}
 	return nil
 }
 
 func (s *Store) advancePlannerPosition(ctx context.Context, from, to uint64) error {
-	ok, err := advancePosition.Run(ctx, s.rdb, []string{stPlannerPosKey},
+	ok, err := advancePosition.Run(ctx, s.rdb, []string{s.key(stPlannerPosKey)},
 		strconv.FormatUint(from, 10), strconv.FormatUint(to, 10)).Int()
 	if err != nil {
 		return stFail("advance planner position", err)
@@ -112,21 +137,31 @@ func (s *Store) advancePlannerPosition(ctx context.Context, from, to uint64) err
 	return nil
 }
 
-// plannerState is the planner's position and whether its key exists at all
-// (a missing key after the first batch means Redis lost the planner's state).
-func (s *Store) plannerState(ctx context.Context) (seq uint64, stored bool, err error) {
-	v, err := s.rdb.Get(ctx, stPlannerPosKey).Result()
-	if errors.Is(err, redis.Nil) {
-		return 0, false, nil
+// plannerState is, in one round trip, the planner's position, whether its key
+// exists at all (a missing key after the first batch means Redis lost the
+// planner's state), and the keyspace version in use.
+func (s *Store) plannerState(ctx context.Context) (seq uint64, stored bool, active int64, err error) {
+	pipe := s.rdb.Pipeline()
+	pos := pipe.Get(ctx, s.key(stPlannerPosKey))
+	version := pipe.Get(ctx, VersionKey)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, false, 0, stFail("read planner position", err)
 	}
-	if err != nil {
-		return 0, false, stFail("read planner position", err)
+	active = 1
+	if v, err := version.Int64(); err == nil {
+		active = v
+	} else if !errors.Is(err, redis.Nil) {
+		return 0, false, 0, fmt.Errorf("read the feeds' keyspace version: %w", err)
+	}
+	v, err := pos.Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, false, active, nil
 	}
 	seq, err = strconv.ParseUint(v, 10, 64)
 	if err != nil {
-		return 0, false, fmt.Errorf("read planner position: %q is not a sequence", v)
+		return 0, false, 0, fmt.Errorf("read planner position: %q is not a sequence", v)
 	}
-	return seq, true, nil
+	return seq, true, active, nil
 }
 
 // clearWarming lets users ask for their inbox again once their request is
@@ -134,7 +169,7 @@ func (s *Store) plannerState(ctx context.Context) (seq uint64, stored bool, err 
 func (s *Store) clearWarming(ctx context.Context, users []domain.UserID) error {
 	keys := make([]string, len(users))
 	for i, u := range users {
-		keys[i] = stUserKey(u, stWarmingSuffix)
+		keys[i] = s.userKey(u, stWarmingSuffix)
 	}
 	// One DEL per key: in a Redis Cluster the users' keys live in other slots.
 	pipe := s.rdb.Pipeline()

@@ -46,11 +46,12 @@ const (
 	stWarmingTTL = 30 * time.Second
 )
 
-// Global keys. Persisted names: never rename them (see the package doc).
+// Key names below a keyspace version's prefix (feed:v<N>:). Persisted names:
+// never rename them (see the package doc).
 const (
-	stBigKey         = "feed:big"
-	stWarmKey        = "feed:warm"
-	stPlannerPosKey  = "feed:planner:pos"
+	stBigKey         = "big"
+	stWarmKey        = "warm"
+	stPlannerPosKey  = "planner:pos"
 	stInboxSuffix    = "in"
 	stOutboxSuffix   = "out"
 	stFollowerSuffix = "fol"
@@ -58,10 +59,20 @@ const (
 	stWarmingSuffix  = "warming"
 )
 
-// stUserKey names one of a user's keys; the user id is the hash tag, so all of
-// a user's keys live in one Redis Cluster slot.
-func stUserKey(u domain.UserID, suffix string) string {
-	return "feed:{" + strconv.FormatInt(int64(u), 10) + "}:" + suffix
+// VersionKey holds the keyspace version readers and the live planner use
+// (absent: 1). A rebuild builds the next version beside it and then moves it.
+const VersionKey = "feed:version"
+
+// KeyPrefix is the prefix of every key of keyspace version v.
+func KeyPrefix(v int64) string { return "feed:v" + strconv.FormatInt(v, 10) + ":" }
+
+// key names a global key of the store's keyspace.
+func (s *Store) key(name string) string { return s.prefix + name }
+
+// userKey names one of a user's keys; the user id is the hash tag, so all of a
+// user's keys live in one Redis Cluster slot.
+func (s *Store) userKey(u domain.UserID, suffix string) string {
+	return s.prefix + "{" + strconv.FormatInt(int64(u), 10) + "}:" + suffix
 }
 
 func stWithDefaults(c Config) Config {
@@ -80,28 +91,69 @@ func stWithDefaults(c Config) Config {
 	return c
 }
 
-// Store reads and writes the feeds in Redis. It is safe for concurrent use.
+// Store reads and writes the feeds of one keyspace version in Redis. It is
+// safe for concurrent use.
 type Store struct {
 	rdb       redis.UniversalClient
 	cfg       Config
 	apply     *redis.Script
 	outboxAdd *redis.Script
+	version   int64
+	prefix    string
 	// repairs counts the inbox entries reconciliation had to fix: in a correct
-	// system it stays at zero.
-	repairs atomic.Int64
+	// system it stays at zero. Shared by the stores of every version.
+	repairs *atomic.Int64
 }
 
 // Repairs is the number of inbox entries reconciliation had to fix so far.
 func (s *Store) Repairs() int64 { return s.repairs.Load() }
 
-// NewStore returns a store over rdb (a client, a cluster client or a ring).
+// NewStore returns a store of keyspace version 1 over rdb (a client, a
+// cluster client or a ring); At gives the other versions.
 func NewStore(rdb redis.UniversalClient, cfg Config) *Store {
-	return &Store{
+	s := &Store{
 		rdb:       rdb,
 		cfg:       stWithDefaults(cfg),
 		apply:     redis.NewScript(stApplyLua),
 		outboxAdd: redis.NewScript(stOutboxAddLua),
+		repairs:   new(atomic.Int64),
 	}
+	return s.At(1)
+}
+
+// At returns the store of keyspace version v, sharing s's client and
+// configuration.
+func (s *Store) At(v int64) *Store {
+	if v == s.version {
+		return s
+	}
+	c := *s
+	c.version, c.prefix = v, KeyPrefix(v)
+	return &c
+}
+
+// Version is the store's keyspace version.
+func (s *Store) Version() int64 { return s.version }
+
+// ActiveVersion reads the keyspace version in use.
+func (s *Store) ActiveVersion(ctx context.Context) (int64, error) {
+	v, err := s.rdb.Get(ctx, VersionKey).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 1, nil
+	}
+	if err != nil {
+		return 0, stFail("read the feeds' keyspace version", err)
+	}
+	return v, nil
+}
+
+// Active returns the store of the keyspace version in use.
+func (s *Store) Active(ctx context.Context) (*Store, error) {
+	v, err := s.ActiveVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.At(v), nil
 }
 
 // Config returns the store's configuration with the defaults filled in.
@@ -296,7 +348,7 @@ func (s *Store) stRunApply(ctx context.Context, calls []stApplyCall) (applied in
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = s.apply.EvalSha(ctx, pipe, []string{stUserKey(c.recipient, stInboxSuffix)}, c.args...)
+		cmds[i] = s.apply.EvalSha(ctx, pipe, []string{s.userKey(c.recipient, stInboxSuffix)}, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	for i, cmd := range cmds {
@@ -319,7 +371,7 @@ func (s *Store) stRunApply(ctx context.Context, calls []stApplyCall) (applied in
 // AddToOutbox adds post to author's outbox, trimming it to OutboxCap and
 // raising its floor. A post below the floor is ignored, so a replay is harmless.
 func (s *Store) AddToOutbox(ctx context.Context, author domain.UserID, post domain.PostID) error {
-	key := stUserKey(author, stOutboxSuffix)
+	key := s.userKey(author, stOutboxSuffix)
 	err := s.outboxAdd.Run(ctx, s.rdb, []string{key}, strconv.FormatInt(int64(post), 10), strconv.Itoa(s.cfg.OutboxCap)).Err()
 	if err != nil {
 		return stFail(fmt.Sprintf("add post %d to outbox of user %d", post, author), err)
@@ -329,7 +381,7 @@ func (s *Store) AddToOutbox(ctx context.Context, author domain.UserID, post doma
 
 // RemoveFromOutbox removes post from author's outbox (its floor stays).
 func (s *Store) RemoveFromOutbox(ctx context.Context, author domain.UserID, post domain.PostID) error {
-	if err := s.rdb.ZRem(ctx, stUserKey(author, stOutboxSuffix), strconv.FormatInt(int64(post), 10)).Err(); err != nil {
+	if err := s.rdb.ZRem(ctx, s.userKey(author, stOutboxSuffix), strconv.FormatInt(int64(post), 10)).Err(); err != nil {
 		return stFail(fmt.Sprintf("remove post %d from outbox of user %d", post, author), err)
 	}
 	return nil
@@ -353,7 +405,7 @@ func (s *Store) Outboxes(ctx context.Context, authors []domain.UserID) (map[doma
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.ZSliceCmd, len(authors))
 	for i, a := range authors {
-		cmds[i] = pipe.ZRevRangeWithScores(ctx, stUserKey(a, stOutboxSuffix), 0, -1)
+		cmds[i] = pipe.ZRevRangeWithScores(ctx, s.userKey(a, stOutboxSuffix), 0, -1)
 	}
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	for i, cmd := range cmds {
@@ -384,8 +436,8 @@ func (s *Store) Outboxes(ctx context.Context, authors []domain.UserID) (map[doma
 // planner replays them after a crash.
 func (s *Store) Follow(ctx context.Context, follower, followee domain.UserID) error {
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.SAdd(ctx, stUserKey(followee, stFollowerSuffix), int64(follower))
-		p.SAdd(ctx, stUserKey(follower, stFollowsSuffix), int64(followee))
+		p.SAdd(ctx, s.userKey(followee, stFollowerSuffix), int64(follower))
+		p.SAdd(ctx, s.userKey(follower, stFollowsSuffix), int64(followee))
 		return nil
 	})
 	if err != nil {
@@ -397,8 +449,8 @@ func (s *Store) Follow(ctx context.Context, follower, followee domain.UserID) er
 // Unfollow records that follower no longer follows followee.
 func (s *Store) Unfollow(ctx context.Context, follower, followee domain.UserID) error {
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.SRem(ctx, stUserKey(followee, stFollowerSuffix), int64(follower))
-		p.SRem(ctx, stUserKey(follower, stFollowsSuffix), int64(followee))
+		p.SRem(ctx, s.userKey(followee, stFollowerSuffix), int64(follower))
+		p.SRem(ctx, s.userKey(follower, stFollowsSuffix), int64(followee))
 		return nil
 	})
 	if err != nil {
@@ -409,12 +461,12 @@ func (s *Store) Unfollow(ctx context.Context, follower, followee domain.UserID) 
 
 // Followers returns the users who follow user, in no particular order.
 func (s *Store) Followers(ctx context.Context, user domain.UserID) ([]domain.UserID, error) {
-	return s.stUsers(ctx, stUserKey(user, stFollowerSuffix), fmt.Sprintf("read followers of user %d", user))
+	return s.stUsers(ctx, s.userKey(user, stFollowerSuffix), fmt.Sprintf("read followers of user %d", user))
 }
 
 // FollowerCount returns how many users follow user.
 func (s *Store) FollowerCount(ctx context.Context, user domain.UserID) (int64, error) {
-	n, err := s.rdb.SCard(ctx, stUserKey(user, stFollowerSuffix)).Result()
+	n, err := s.rdb.SCard(ctx, s.userKey(user, stFollowerSuffix)).Result()
 	if err != nil {
 		return 0, stFail(fmt.Sprintf("count followers of user %d", user), err)
 	}
@@ -423,16 +475,16 @@ func (s *Store) FollowerCount(ctx context.Context, user domain.UserID) (int64, e
 
 // Following returns the users user follows, in no particular order.
 func (s *Store) Following(ctx context.Context, user domain.UserID) ([]domain.UserID, error) {
-	return s.stUsers(ctx, stUserKey(user, stFollowsSuffix), fmt.Sprintf("read followees of user %d", user))
+	return s.stUsers(ctx, s.userKey(user, stFollowsSuffix), fmt.Sprintf("read followees of user %d", user))
 }
 
 // SetBig marks user as a big account (not pushed; merged at read time) or not.
 func (s *Store) SetBig(ctx context.Context, user domain.UserID, big bool) error {
 	var err error
 	if big {
-		err = s.rdb.SAdd(ctx, stBigKey, int64(user)).Err()
+		err = s.rdb.SAdd(ctx, s.key(stBigKey), int64(user)).Err()
 	} else {
-		err = s.rdb.SRem(ctx, stBigKey, int64(user)).Err()
+		err = s.rdb.SRem(ctx, s.key(stBigKey), int64(user)).Err()
 	}
 	if err != nil {
 		return stFail(fmt.Sprintf("mark user %d big=%t", user, big), err)
@@ -442,7 +494,7 @@ func (s *Store) SetBig(ctx context.Context, user domain.UserID, big bool) error 
 
 // BigAccounts returns the big accounts, in no particular order.
 func (s *Store) BigAccounts(ctx context.Context) ([]domain.UserID, error) {
-	return s.stUsers(ctx, stBigKey, "read big accounts")
+	return s.stUsers(ctx, s.key(stBigKey), "read big accounts")
 }
 
 // BigFollowees returns those of the big accounts big that user follows, in
@@ -455,7 +507,7 @@ func (s *Store) BigFollowees(ctx context.Context, user domain.UserID, big []doma
 	for i, b := range big {
 		members[i] = int64(b)
 	}
-	is, err := s.rdb.SMIsMember(ctx, stUserKey(user, stFollowsSuffix), members...).Result()
+	is, err := s.rdb.SMIsMember(ctx, s.userKey(user, stFollowsSuffix), members...).Result()
 	if err != nil {
 		return nil, stFail(fmt.Sprintf("read big followees of user %d", user), err)
 	}
@@ -487,13 +539,13 @@ func (s *Store) stUsers(ctx context.Context, key, what string) ([]domain.UserID,
 // PlannerPosition returns the log sequence the planner has finished (0 if it
 // never ran).
 func (s *Store) PlannerPosition(ctx context.Context) (uint64, error) {
-	seq, _, err := s.plannerState(ctx)
+	seq, _, _, err := s.plannerState(ctx)
 	return seq, err
 }
 
 // SetPlannerPosition records the log sequence the planner has finished.
 func (s *Store) SetPlannerPosition(ctx context.Context, seq uint64) error {
-	if err := s.rdb.Set(ctx, stPlannerPosKey, strconv.FormatUint(seq, 10), 0).Err(); err != nil {
+	if err := s.rdb.Set(ctx, s.key(stPlannerPosKey), strconv.FormatUint(seq, 10), 0).Err(); err != nil {
 		return stFail(fmt.Sprintf("set planner position %d", seq), err)
 	}
 	return nil
@@ -531,13 +583,13 @@ func (s *Store) Page(ctx context.Context, user domain.UserID, bigFollowees []dom
 		floor *redis.FloatCmd
 		posts *redis.StringSliceCmd
 	}
-	inKey := stUserKey(user, stInboxSuffix)
+	inKey := s.userKey(user, stInboxSuffix)
 	pipe := s.rdb.TxPipeline()
 	in := source{who: user, floor: pipe.ZScore(ctx, inKey, "f"), posts: pipe.ZRevRangeByScore(ctx, inKey, by)}
 	pipe.PExpire(ctx, inKey, s.cfg.TTL)
 	outs := make([]source, 0, len(bigFollowees))
 	for _, a := range bigFollowees {
-		k := stUserKey(a, stOutboxSuffix)
+		k := s.userKey(a, stOutboxSuffix)
 		outs = append(outs, source{who: a, floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)})
 	}
 	_, err := pipe.Exec(ctx)
@@ -598,7 +650,7 @@ func (s *Store) Page(ctx context.Context, user domain.UserID, bigFollowees []dom
 // seconds per user.
 func (s *Store) RequestMaterialise(ctx context.Context, user domain.UserID) error {
 	what := fmt.Sprintf("request materialisation of user %d", user)
-	marker := stUserKey(user, stWarmingSuffix)
+	marker := s.userKey(user, stWarmingSuffix)
 	set, err := s.rdb.SetNX(ctx, marker, "1", stWarmingTTL).Result()
 	if err != nil {
 		return stFail(what, err)
@@ -606,7 +658,7 @@ func (s *Store) RequestMaterialise(ctx context.Context, user domain.UserID) erro
 	if !set {
 		return nil
 	}
-	if err := s.rdb.LPush(ctx, stWarmKey, int64(user)).Err(); err != nil {
+	if err := s.rdb.LPush(ctx, s.key(stWarmKey), int64(user)).Err(); err != nil {
 		// Let the next read ask again rather than wait for the marker to expire;
 		// if this fails too, the marker expires on its own.
 		_ = s.rdb.Del(context.WithoutCancel(ctx), marker).Err()
@@ -620,7 +672,7 @@ func (s *Store) PopMaterialiseRequests(ctx context.Context, n int) ([]domain.Use
 	if n < 1 {
 		return nil, fmt.Errorf("pop materialisation requests: n=%d: %w", n, domain.ErrInvalid)
 	}
-	ms, err := s.rdb.RPopCount(ctx, stWarmKey, n).Result()
+	ms, err := s.rdb.RPopCount(ctx, s.key(stWarmKey), n).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
@@ -643,7 +695,7 @@ func (s *Store) PopMaterialiseRequests(ctx context.Context, n int) ([]domain.Use
 // the TTL.
 func (s *Store) Inbox(ctx context.Context, user domain.UserID) (posts []domain.PostID, floor int64, seq uint64, ok bool, err error) {
 	what := fmt.Sprintf("read inbox of user %d", user)
-	zs, err := s.rdb.ZRevRangeWithScores(ctx, stUserKey(user, stInboxSuffix), 0, -1).Result()
+	zs, err := s.rdb.ZRevRangeWithScores(ctx, s.userKey(user, stInboxSuffix), 0, -1).Result()
 	if err != nil {
 		return nil, 0, 0, false, stFail(what, err)
 	}

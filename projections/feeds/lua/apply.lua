@@ -1,6 +1,6 @@
 -- Applies one recipient's work items, in order, to their inbox, atomically.
 --
--- KEYS[1]  the inbox, feed:{<uid>}:in
+-- KEYS[1]  the inbox, feed:v<N>:{<uid>}:in
 -- ARGV[1]  the inbox cap (posts kept)
 -- ARGV[2]  the inbox TTL in milliseconds (set when materialising)
 -- ARGV[3..] the items, each: op, seq, floor, n, post_1 .. post_n

@@ -1,6 +1,6 @@
 -- Adds a post to an author's outbox, keeping the cap newest, atomically.
 --
--- KEYS[1]  the outbox, feed:{<uid>}:out
+-- KEYS[1]  the outbox, feed:v<N>:{<uid>}:out
 -- ARGV[1]  the post id
 -- ARGV[2]  the outbox cap (posts kept)
 --
