@@ -45,9 +45,17 @@ func (w *feedWorld) materialise(t *testing.T, user domain.UserID) {
 	t.Helper()
 	w.page(t, user, "")
 	require.Eventually(t, func() bool {
-		_, _, _, ok, err := w.store.Inbox(context.Background(), user)
+		_, _, _, ok, err := w.active(t).Inbox(context.Background(), user)
 		return err == nil && ok
 	}, 30*time.Second, 5*time.Millisecond, "inbox of %d not materialised", user)
+}
+
+// active is the store of the keyspace version in use.
+func (w *feedWorld) active(t *testing.T) *feeds.Store {
+	t.Helper()
+	s, err := w.store.Active(context.Background())
+	require.NoError(t, err)
+	return s
 }
 
 // exact checks, once settled, that user's paged feed is the pull feed and
@@ -58,7 +66,7 @@ func (w *feedWorld) exact(t *testing.T, user domain.UserID) []domain.PostID {
 	w.settle(t)
 	truth := w.truth(t, user)
 	require.Equal(t, truth, w.pageAll(t, user), "user %d: paging must yield the pull feed", user)
-	inbox, floor, _, ok, err := w.store.Inbox(context.Background(), user)
+	inbox, floor, _, ok, err := w.active(t).Inbox(context.Background(), user)
 	require.NoError(t, err)
 	if !ok {
 		return nil

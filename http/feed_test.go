@@ -47,6 +47,8 @@ type feedWorld struct {
 	ids     *domain.IDGenerator
 	n       int
 	maint   *feeds.Maintenance
+	js      jetstream.JetStream
+	plan    feeds.PlannerConfig
 	// beforeCmd, when set, runs (once) before the next command the service
 	// sends to Redis that it matches: a fault injected at an exact moment.
 	beforeCmd atomic.Pointer[redisFault]
@@ -105,7 +107,8 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	w.store = feeds.NewStore(svc, cfg)
 	w.ids, err = domain.NewIDGenerator(5)
 	require.NoError(t, err)
-	planner := feeds.NewPlanner(w.store, js, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}, nil)
+	w.js, w.plan = js, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}
+	planner := feeds.NewPlanner(w.store, js, w.plan, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	// Tests make maintenance passes themselves; every inbox is due at once.
 	w.maint = feeds.NewMaintenance(svc, w.store, planner, feeds.MaintenanceConfig{Period: time.Millisecond}, quiet)
