@@ -146,6 +146,10 @@ func TestOpenAPIOperationsFollowTheConventions(t *testing.T) {
 				}
 
 				switch {
+				case strings.HasPrefix(path, "/admin/"):
+					// Operators' routes: admin tokens only; not commands of the log.
+					assert.Equal(t, "required", auth, "an admin route must need auth")
+					assert.NotNil(t, op.Responses.Value("403"), "admin route without 403")
 				case method != fiber.MethodGet:
 					// Commands: authenticated, idempotent, 202 with the log position.
 					assert.Equal(t, "required", auth, "a command must need auth")

@@ -71,6 +71,8 @@ type Deps struct {
 	// FeedCache and FeedModel serve GET /feed; while either is nil it answers 503.
 	FeedCache HomeFeedCache
 	FeedModel HomeFeedModel
+	// Rebuilds serves the admin rebuild routes; while it is nil they answer 503.
+	Rebuilds Rebuilds
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -125,6 +127,7 @@ func NewServer(deps Deps, cfg Config) *Server {
 	s.app.Get("/media/:key", cmd.serveMedia)
 	registerReads(s.app, deps, cfg)
 	registerHomeFeed(s.app, deps, cfg, deps.Registerer)
+	registerAdmin(s.app, deps)
 	return s
 }
 
@@ -211,7 +214,10 @@ func (m *serverMetrics) middleware(c *fiber.Ctx) error {
 		}
 	}
 	route := c.Route().Path
-	m.requests.WithLabelValues(route, c.Method(), strconv.Itoa(c.Response().StatusCode())).Inc()
-	m.duration.WithLabelValues(route, c.Method()).Observe(time.Since(start).Seconds())
+	// Fiber's method string points into the request buffer, which the next
+	// request on the connection overwrites; a label value must outlive it.
+	method := strings.Clone(c.Method())
+	m.requests.WithLabelValues(route, method, strconv.Itoa(c.Response().StatusCode())).Inc()
+	m.duration.WithLabelValues(route, method).Observe(time.Since(start).Seconds())
 	return nil
 }

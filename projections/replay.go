@@ -116,6 +116,9 @@ func Replay(ctx context.Context, log *events.Log, shadow Shadow, opts ReplayOpti
 			return err
 		}
 		r.setHead(head)
+		if pass == 0 {
+			opts.Progress(r.progress) // where it starts: 0, or where it resumes
+		}
 		if pass > 0 && head <= r.progress.Position+opts.SwitchLag {
 			break
 		}

@@ -49,6 +49,9 @@ Usage:
                print matching events of the log as JSON lines
   feed status [--json] [--interval 1s]
                projector positions, lag, rate, dead letters and fan-out backlog
+  feed replay readmodel|feeds|all [--fresh] [--from SEQ | --since 24h] [--batch N] [--quiet]
+               rebuild projectors by replaying the log into a shadow beside the
+               live state, then switch to it; Ctrl-C leaves it to resume
   feed help    this text
 
 Configuration is read from the environment; see the README.
@@ -85,6 +88,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serve(ctx, cfg, cmd == "dev", newLogger(cfg, stderr), stdout)
 	case "tail":
 		return tail(ctx, rest, getenv, stdout, stderr)
+	case "replay", "rebuild":
+		return replay(ctx, rest, getenv, stdout, stderr)
 	case "status":
 		return status(ctx, rest, getenv, stdout, stderr)
 	case "token":

@@ -39,7 +39,9 @@ type infra struct {
 	// readRedis serves reads: short timeouts, so an outage is a prompt fall-back.
 	readRedis *redis.Client
 	pg        *pgxpool.Pool
-	closers   []func() // run in reverse order by close
+	// databaseURL is Postgres's (a rebuild opens connections of its own).
+	databaseURL string
+	closers     []func() // run in reverse order by close
 }
 
 func (in *infra) close() {
@@ -154,6 +156,7 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 	if err := migrations.Up(ctx, databaseURL, migrations.Schema); err != nil {
 		return nil, err
 	}
+	in.databaseURL = databaseURL
 	if in.pg, err = readmodel.OpenPool(ctx, databaseURL, migrations.Schema); err != nil {
 		return nil, err
 	}
@@ -289,6 +292,10 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		}})
 	}
 	readStore := readmodel.NewStore(in.pg)
+	// Rebuilds started by the admin routes stop with the process, leaving their
+	// shadows to resume; they are waited for before the connections close.
+	rebuilds := newRebuilder(ctx, cfg, in.log, in.databaseURL, in.redis, in.js, logger)
+	defer rebuilds.wait()
 	srv := feedhttp.NewServer(feedhttp.Deps{
 		Logger:     logger,
 		Registerer: reg,
@@ -301,6 +308,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		ReadModel:  readStore,
 		FeedCache:  feeds.NewReader(feeds.NewStore(in.readRedis, feedStore.Config()), in.js),
 		FeedModel:  readStore,
+		Rebuilds:   rebuilds,
 	}, feedhttp.Config{ConsistencyWait: cfg.ConsistencyWait})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
