@@ -87,8 +87,8 @@ type Planner struct {
 	// it resumes (Checkpoint).
 	base, store *Store
 	js          jetstream.JetStream
-	cfg     PlannerConfig
-	metrics *projections.Metrics
+	cfg         PlannerConfig
+	metrics     *projections.Metrics
 
 	// mu serialises Apply and Materialise, so materialisation reads the graph
 	// and outboxes as of a position of the log.
