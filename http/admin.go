@@ -59,21 +59,6 @@ func registerAdmin(app *fiber.App, deps Deps) {
 	app.Get("/admin/rebuild/:projector", only, a.rebuildStatus)
 }
 
-// requireAdmin admits only requests whose token has the admin role.
-func (a *Authenticator) requireAdmin(c *fiber.Ctx) error {
-	p, ok, err := a.fromRequest(c)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("a bearer token is required: %w", domain.ErrUnauthenticated)
-	}
-	if !p.Admin {
-		return fmt.Errorf("admin routes need a token with the admin role: %w", domain.ErrForbidden)
-	}
-	return c.Next()
-}
-
 func (a *admin) available() error {
 	if a.rebuilds == nil {
 		return fmt.Errorf("rebuilds are not available in this process: %w", domain.ErrUnavailable)

@@ -130,13 +130,21 @@ func (a *Authenticator) fromRequest(c *fiber.Ctx) (Principal, bool, error) {
 }
 
 // requireAuth admits only requests with a valid token.
-func (a *Authenticator) requireAuth(c *fiber.Ctx) error {
-	_, ok, err := a.fromRequest(c)
+func (a *Authenticator) requireAuth(c *fiber.Ctx) error { return a.require(c, false) }
+
+// requireAdmin admits only requests whose token has the admin role.
+func (a *Authenticator) requireAdmin(c *fiber.Ctx) error { return a.require(c, true) }
+
+func (a *Authenticator) require(c *fiber.Ctx, admin bool) error {
+	p, ok, err := a.fromRequest(c)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return fmt.Errorf("a bearer token is required: %w", domain.ErrUnauthenticated)
+	}
+	if admin && !p.Admin {
+		return fmt.Errorf("admin routes need a token with the admin role: %w", domain.ErrForbidden)
 	}
 	return c.Next()
 }

@@ -50,6 +50,18 @@ func (w *feedWorld) materialise(t *testing.T, user domain.UserID) {
 	}, 30*time.Second, 5*time.Millisecond, "inbox of %d not materialised", user)
 }
 
+// plannerReplayed waits until the planner's stored position reaches the head
+// (after Redis lost it: the planner replays the log).
+func (w *feedWorld) plannerReplayed(t *testing.T) {
+	t.Helper()
+	head, err := w.log.Head(context.Background())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		pos, err := w.store.PlannerPosition(context.Background())
+		return err == nil && pos >= head
+	}, 60*time.Second, 10*time.Millisecond, "the planner did not replay")
+}
+
 // active is the store of the keyspace version in use.
 func (w *feedWorld) active(t *testing.T) *feeds.Store {
 	t.Helper()
@@ -243,12 +255,7 @@ func TestFeedReplayEquivalence(t *testing.T) {
 		before[domain.UserID(u)] = w.pageAll(t, domain.UserID(u))
 	}
 	require.NoError(t, w.rdb.FlushAll(context.Background()).Err())
-	head, err := w.log.Head(context.Background())
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		pos, err := w.store.PlannerPosition(context.Background())
-		return err == nil && pos >= head
-	}, 60*time.Second, 10*time.Millisecond, "the planner did not replay")
+	w.plannerReplayed(t)
 	for u := 1; u <= users; u++ {
 		w.materialise(t, domain.UserID(u))
 	}
@@ -286,12 +293,7 @@ func TestMaterialiseRacingRedisLoss(t *testing.T) {
 	w.page(t, a, "")
 	require.Eventually(t, func() bool { return w.beforeCmd.Load() == nil }, 30*time.Second, 5*time.Millisecond,
 		"the planner never read the follows")
-	head, err := w.log.Head(context.Background())
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		pos, err := w.store.PlannerPosition(context.Background())
-		return err == nil && pos >= head
-	}, 60*time.Second, 10*time.Millisecond, "the planner did not replay")
+	w.plannerReplayed(t)
 	w.materialise(t, a)
 	assert.Len(t, w.exact(t, a), 3, "the inbox holds the followed account's posts")
 }

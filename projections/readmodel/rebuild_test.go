@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -52,19 +53,27 @@ func caughtUp(t *testing.T, log *events.Log, store *readmodel.Store) {
 
 var errStop = errors.New("stop")
 
+// liveReadModel is a log of n events of workload's and a read model that the
+// live projector keeps up with it.
+func liveReadModel(t *testing.T, n int, seed uint64) (*localstack.Postgres, *events.Log, *pgxpool.Pool, *readmodel.Store) {
+	t.Helper()
+	pg := localstack.PostgresForTest(t)
+	log := pjLog(t)
+	workload(t, log, n, seed)
+	live := pjDatabase(t, pg, "live")
+	store := readmodel.NewStore(live)
+	liveRunner(t, log, readmodel.NewProjector(live, nil))
+	caughtUp(t, log, store)
+	return pg, log, live, store
+}
+
 // TestRebuildDuringLiveTraffic rebuilds the read model into a shadow while
 // events keep coming and readers keep reading; the first rebuild is killed
 // half-way and a second one resumes it. Afterwards the live read model equals a
 // clean replay, no read failed, and only the live schema is left.
 func TestRebuildDuringLiveTraffic(t *testing.T) {
 	ctx := context.Background()
-	pg := localstack.PostgresForTest(t)
-	log := pjLog(t)
-	workload(t, log, 2500, 11)
-	live := pjDatabase(t, pg, "live")
-	store := readmodel.NewStore(live)
-	liveRunner(t, log, readmodel.NewProjector(live, nil))
-	caughtUp(t, log, store)
+	pg, log, live, store := liveReadModel(t, 2500, 11)
 
 	// Traffic: commands appended at a steady pace, and reads.
 	traffic, stopTraffic := context.WithCancel(ctx)
@@ -145,13 +154,7 @@ func TestRebuildDuringLiveTraffic(t *testing.T) {
 // from its own position.
 func TestLiveProjectorRewindsWhenTheReadModelGoesBack(t *testing.T) {
 	ctx := context.Background()
-	pg := localstack.PostgresForTest(t)
-	log := pjLog(t)
-	workload(t, log, 1500, 21)
-	live := pjDatabase(t, pg, "live")
-	store := readmodel.NewStore(live)
-	liveRunner(t, log, readmodel.NewProjector(live, nil))
-	caughtUp(t, log, store)
+	pg, log, live, store := liveReadModel(t, 1500, 21)
 
 	rb, err := readmodel.OpenRebuild(ctx, pjURL(pg, "live"), true, nil)
 	require.NoError(t, err)
