@@ -200,6 +200,8 @@ func Partition(user domain.UserID, partitions int) int {
 type work struct {
 	parts [][]Item
 	n     int
+	// big is the set of big accounts as of the event being planned.
+	big map[domain.UserID]bool
 }
 
 func (p *Planner) newWork() *work { return &work{parts: make([][]Item, p.cfg.Partitions)} }
@@ -242,10 +244,27 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	merged := projections.MergeFollows(fresh)
 	p.metrics.CountMerged(PlannerName, merged.Collapsed, 0)
 	w := p.newWork()
-	for _, rec := range merged.Records {
-		if err := p.plan(ctx, rec, w); err != nil {
+	if w.big, err = p.bigSet(ctx); err != nil {
+		return err
+	}
+	for recs := merged.Records; len(recs) > 0; {
+		// A run of post events goes in one round trip: only follows change
+		// who is pushed to.
+		n := 0
+		for n < len(recs) && isPostEvent(recs[n]) {
+			n++
+		}
+		if n > 0 {
+			if err := p.planPosts(ctx, recs[:n], w); err != nil {
+				return err
+			}
+			recs = recs[n:]
+			continue
+		}
+		if err := p.plan(ctx, recs[0], w); err != nil {
 			return err
 		}
+		recs = recs[1:]
 	}
 	if err := p.verifyLocked(ctx); err != nil {
 		return err
@@ -260,37 +279,69 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	return nil
 }
 
-// plan applies one event to the graph and outboxes and adds its work.
+func isPostEvent(rec events.Record) bool {
+	switch rec.Event.(type) {
+	case events.PostCreated, events.PostDeleted:
+		return true
+	}
+	return false
+}
+
+// planPosts applies a run of post creations and deletions to the outboxes and
+// adds their work: a new post is pushed to its author's followers (not a big
+// account's: those are merged in at read time), a deleted one removed from
+// them (also a big account's: followers may hold copies pushed before).
+func (p *Planner) planPosts(ctx context.Context, recs []events.Record, w *work) error {
+	changes := make([]OutboxChange, 0, len(recs))
+	var authors []domain.UserID
+	asked := map[domain.UserID]bool{}
+	need := func(a domain.UserID) {
+		if !asked[a] {
+			asked[a] = true
+			authors = append(authors, a)
+		}
+	}
+	for _, rec := range recs {
+		switch e := rec.Event.(type) {
+		case events.PostCreated:
+			changes = append(changes, OutboxChange{Author: e.UserID, Post: e.PostID})
+			if !w.big[e.UserID] {
+				need(e.UserID)
+			}
+		case events.PostDeleted:
+			changes = append(changes, OutboxChange{Author: e.UserID, Post: e.PostID, Remove: true})
+			need(e.UserID)
+		}
+	}
+	followers, err := p.store.ChangeOutboxes(ctx, changes, authors)
+	if err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		var (
+			author domain.UserID
+			it     = Item{Seq: rec.Seq}
+		)
+		switch e := rec.Event.(type) {
+		case events.PostCreated:
+			if w.big[e.UserID] {
+				continue
+			}
+			author, it.Op, it.Posts = e.UserID, OpPush, []domain.PostID{e.PostID}
+		case events.PostDeleted:
+			author, it.Op, it.Posts = e.UserID, OpRemove, []domain.PostID{e.PostID}
+		}
+		for _, f := range followers[author] {
+			it.Recipient = f
+			w.add(it, p.cfg.Partitions)
+		}
+	}
+	return nil
+}
+
+// plan applies one follow or unfollow to the graph and adds its work.
 func (p *Planner) plan(ctx context.Context, rec events.Record, w *work) error {
-	parts := p.cfg.Partitions
 	switch e := rec.Event.(type) {
-	case events.PostCreated:
-		if err := p.store.AddToOutbox(ctx, e.UserID, e.PostID); err != nil {
-			return err
-		}
-		big, err := p.isBig(ctx, e.UserID)
-		if err != nil || big {
-			return err // a big account's posts are merged in at read time
-		}
-		followers, err := p.store.Followers(ctx, e.UserID)
-		if err != nil {
-			return err
-		}
-		for _, f := range followers {
-			w.add(Item{Recipient: f, Seq: rec.Seq, Op: OpPush, Posts: []domain.PostID{e.PostID}}, parts)
-		}
-	case events.PostDeleted:
-		if err := p.store.RemoveFromOutbox(ctx, e.UserID, e.PostID); err != nil {
-			return err
-		}
-		// Also for big accounts: their followers may hold copies pushed before.
-		followers, err := p.store.Followers(ctx, e.UserID)
-		if err != nil {
-			return err
-		}
-		for _, f := range followers {
-			w.add(Item{Recipient: f, Seq: rec.Seq, Op: OpRemove, Posts: []domain.PostID{e.PostID}}, parts)
-		}
 	case events.UserFollowed:
 		return p.planFollow(ctx, rec.Seq, e.FollowerID, e.FolloweeID, true, w)
 	case events.UserUnfollowed:
@@ -312,11 +363,7 @@ func (p *Planner) planFollow(ctx context.Context, seq uint64, follower, followee
 	if err := change(ctx, follower, followee); err != nil {
 		return err
 	}
-	wasBig, err := p.isBig(ctx, followee)
-	if err != nil {
-		return err
-	}
-	big, err := p.updateBig(ctx, followee, wasBig, seq, w)
+	big, err := p.updateBig(ctx, followee, w.big[followee], seq, w)
 	if err != nil || (follow && big) {
 		return err
 	}
@@ -341,11 +388,6 @@ func (p *Planner) bigSet(ctx context.Context) (map[domain.UserID]bool, error) {
 	return big, nil
 }
 
-func (p *Planner) isBig(ctx context.Context, user domain.UserID) (bool, error) {
-	big, err := p.bigSet(ctx)
-	return big[user], err
-}
-
 // updateBig keeps the set of big accounts, whose posts are not pushed. An
 // account that stops being big gets its outbox merged into every follower's
 // inbox, since its posts of the big period were never pushed.
@@ -361,6 +403,7 @@ func (p *Planner) updateBig(ctx context.Context, user domain.UserID, wasBig bool
 	if err := p.store.SetBig(ctx, user, big); err != nil {
 		return false, err
 	}
+	w.big[user] = big
 	if !big {
 		out, err := p.outbox(ctx, user)
 		if err != nil {
