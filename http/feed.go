@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/readmodel"
 )
@@ -30,12 +32,13 @@ type HomeFeedModel interface {
 }
 
 type homeFeed struct {
-	cache   HomeFeedCache
-	model   HomeFeedModel
-	log     *slog.Logger
-	pages   *prometheus.CounterVec
-	waitFor func(*fiber.Ctx) error
-	wait    time.Duration
+	cache     HomeFeedCache
+	model     HomeFeedModel
+	log       *slog.Logger
+	pages     *prometheus.CounterVec
+	waitFor   func(*fiber.Ctx) error
+	wait      time.Duration
+	positions *sharedPosition
 }
 
 func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Registerer) {
@@ -50,25 +53,100 @@ func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Regi
 		}, []string{"source"}),
 	}
 	reg.MustRegister(h.pages)
+	h.positions = &sharedPosition{lookup: func(ctx context.Context) (uint64, error) { return h.cache.Position(ctx) }, ttl: positionReuse}
 	h.waitFor = func(c *fiber.Ctx) error {
 		if h.cache == nil || h.model == nil {
 			return fmt.Errorf("no home feed is configured: %w", domain.ErrUnavailable)
 		}
-		return awaitPosition(c, h.position, cfg.ConsistencyWait)
+		var want uint64
+		if v := c.Get(headerMinPosition); v != "" {
+			want, _ = events.ParsePosition(v) // awaitPosition refuses a bad one
+		}
+		return awaitPosition(c, func(ctx context.Context) (uint64, error) { return h.position(ctx, want) }, cfg.ConsistencyWait)
 	}
 	app.Get("/feed", deps.Auth.requireAuth, h.feed)
 }
 
-// position is the feeds' position; with Redis down the page comes from the read
-// model, whose writes the feeds position cannot vouch for, so it is reported
-// as 0 rather than failing the read.
-func (h *homeFeed) position(ctx context.Context) (uint64, error) {
-	pos, err := h.cache.Position(ctx)
+// position is the feeds' position (at least min if it can be); with Redis down
+// the page comes from the read model, whose writes the feeds position cannot
+// vouch for, so it is reported as 0 rather than failing the read.
+func (h *homeFeed) position(ctx context.Context, min uint64) (uint64, error) {
+	pos, err := h.positions.get(ctx, min)
 	if err != nil {
 		h.log.Warn("home feed position unknown", "err", err)
 		return 0, nil
 	}
 	return pos, nil
+}
+
+// positionReuse is how long one lookup of the feeds' position answers the
+// reads that follow it.
+const positionReuse = 10 * time.Millisecond
+
+// sharedPosition shares lookups of the feeds' position among concurrent reads.
+// Every read answers X-Position, and a lookup is a Redis read and one or two
+// JetStream requests: at thousands of reads a second it cost more than the
+// page itself. A position looked up before a read began is a lower bound of
+// what the read sees, so it is still a true X-Position; a read that needs a
+// higher one (X-Min-Position) does not take it and looks again.
+type sharedPosition struct {
+	lookup func(context.Context) (uint64, error)
+	ttl    time.Duration
+
+	mu     sync.Mutex
+	pos    uint64
+	at     time.Time       // when the lookup of pos began; zero: none yet
+	flight *positionFlight // the lookup under way, if any
+}
+
+// positionFlight is one lookup; its result is set before done is closed.
+type positionFlight struct {
+	done chan struct{}
+	pos  uint64
+	err  error
+}
+
+// get returns a position of at least min looked up at most ttl ago, or the
+// result of a lookup, joining the one under way rather than starting another.
+func (s *sharedPosition) get(ctx context.Context, min uint64) (uint64, error) {
+	for {
+		s.mu.Lock()
+		if !s.at.IsZero() && time.Since(s.at) < s.ttl && s.pos >= min {
+			pos := s.pos
+			s.mu.Unlock()
+			return pos, nil
+		}
+		f := s.flight
+		if f == nil {
+			f = &positionFlight{done: make(chan struct{})}
+			s.flight = f
+			s.mu.Unlock()
+			s.fly(ctx, f)
+			return f.pos, f.err
+		}
+		s.mu.Unlock()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if f.err != nil || f.pos >= min {
+			return f.pos, f.err
+		}
+		// It began before the position this read waits for: look again.
+	}
+}
+
+func (s *sharedPosition) fly(ctx context.Context, f *positionFlight) {
+	began := time.Now()
+	f.pos, f.err = s.lookup(ctx)
+	s.mu.Lock()
+	if f.err == nil {
+		s.pos, s.at = f.pos, began
+	}
+	s.flight = nil
+	s.mu.Unlock()
+	close(f.done)
 }
 
 type feedPageView struct {

@@ -52,6 +52,12 @@ Usage:
   feed replay readmodel|feeds|all [--fresh] [--from SEQ | --since 24h] [--batch N] [--quiet]
                rebuild projectors by replaying the log into a shadow beside the
                live state, then switch to it; Ctrl-C leaves it to resume
+  feed bench [--url http://127.0.0.1:PORT] [--users 1000] [--followers 100] [--big 5]
+             [--big-threshold 500] [--post-rate 500] [--read-rate 500]
+             [--cached-read-rate 5000] [--warmup 10s] [--duration 60s]
+             [--read-duration 20s] [--out bench-out] [--seed 1] [--cpuprofile]
+               end-to-end load benchmark over HTTP on loopback, against a stack it
+               starts (or --url): writes report.md and chart.png (-h for every flag)
   feed help    this text
 
 Configuration is read from the environment; see the README.
@@ -94,6 +100,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return status(ctx, rest, getenv, stdout, stderr)
 	case "token":
 		return token(rest, getenv, stdout, stderr)
+	case "bench":
+		return bench(ctx, rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

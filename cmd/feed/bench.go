@@ -1,0 +1,607 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/feedproject/feed/cmd/feed/internal/loadbench"
+	"github.com/feedproject/feed/domain"
+	feedhttp "github.com/feedproject/feed/http"
+	"github.com/feedproject/feed/projections/feeds"
+)
+
+// benchOptions are bench's flags beyond the workload.
+type benchOptions struct {
+	url        string // a running service; "" starts one
+	out        string // directory for report.md, chart.png and summary.json
+	cpuProfile bool   // profile the measured phases (started stack only)
+	keep       bool   // keep the started stack's data directory
+}
+
+func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions, error) {
+	cfg := loadbench.DefaultConfig()
+	var opts benchOptions
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&opts.url, "url", "", "benchmark the service running at this loopback URL instead of starting one")
+	fs.StringVar(&opts.out, "out", "bench-out", "directory for report.md, chart.png and summary.json")
+	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write a CPU profile of each measured phase to the output directory (started stack only)")
+	fs.BoolVar(&opts.keep, "keep", false, "keep the started stack's data directory")
+	fs.IntVar(&cfg.Users, "users", cfg.Users, "users in the synthetic graph")
+	fs.IntVar(&cfg.AvgFollowers, "followers", cfg.AvgFollowers, "followers per account on average")
+	fs.IntVar(&cfg.BigAccounts, "big", cfg.BigAccounts, "accounts above the big-account threshold")
+	fs.IntVar(&cfg.BigThreshold, "big-threshold", cfg.BigThreshold, "FEED_BIG_ACCOUNT of the service (set in the started stack; must match with --url)")
+	fs.Float64Var(&cfg.PostRate, "post-rate", cfg.PostRate, "posts per second in the mixed phase")
+	fs.Float64Var(&cfg.BigPostShare, "big-post-share", cfg.BigPostShare, "share of the posts written by big accounts")
+	fs.Float64Var(&cfg.FollowRate, "follow-rate", cfg.FollowRate, "follows and unfollows per second in the mixed phase")
+	fs.Float64Var(&cfg.LikeRate, "like-rate", cfg.LikeRate, "likes per second in the mixed phase")
+	fs.Float64Var(&cfg.CommentRate, "comment-rate", cfg.CommentRate, "comments per second in the mixed phase")
+	fs.Float64Var(&cfg.ReadRate, "read-rate", cfg.ReadRate, "feed reads per second in the mixed phase")
+	fs.Float64Var(&cfg.NextPageShare, "next-page", cfg.NextPageShare, "share of the mixed phase's feed reads that page on with a cursor")
+	fs.Float64Var(&cfg.CachedReadRate, "cached-read-rate", cfg.CachedReadRate, "first pages per second in the read phase")
+	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unrecorded mixed load before the measured phase")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "the measured mixed phase")
+	fs.DurationVar(&cfg.ReadDuration, "read-duration", cfg.ReadDuration, "the read phase")
+	fs.DurationVar(&cfg.RawDuration, "raw-duration", cfg.RawDuration, "each raw limit's measurement")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "longest wait for the projectors after the mixed phase")
+	fs.DurationVar(&cfg.SetupTimeout, "setup-timeout", cfg.SetupTimeout, "longest wait for the projectors during setup")
+	fs.Float64Var(&cfg.FreshRate, "fresh-rate", cfg.FreshRate, "posts per second, of ordinary and of big authors each, whose freshness is measured")
+	fs.IntVar(&cfg.FreshFollowers, "fresh-followers", cfg.FreshFollowers, "followers polled per sampled post")
+	fs.IntVar(&cfg.SetupConcurrency, "setup-concurrency", cfg.SetupConcurrency, "requests in flight while building the graph")
+	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", cfg.MaxInFlight, "most open-loop requests outstanding (more are dropped and counted)")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the graph and the workload's choices")
+	if err := fs.Parse(args); err != nil {
+		return cfg, opts, flagError("bench", err)
+	}
+	if fs.NArg() > 0 {
+		return cfg, opts, fmt.Errorf("%w: bench: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, opts, fmt.Errorf("%w: bench: %w", errUsage, err)
+	}
+	if opts.url != "" {
+		if err := checkLoopbackURL(opts.url); err != nil {
+			return cfg, opts, fmt.Errorf("%w: bench: --url: %w", errUsage, err)
+		}
+		if opts.cpuProfile {
+			return cfg, opts, fmt.Errorf("%w: bench: --cpuprofile profiles the stack bench starts; with --url, profile the service itself", errUsage)
+		}
+	}
+	return cfg, opts, nil
+}
+
+// checkLoopbackURL refuses any target but this machine: the bench is a load
+// generator.
+func checkLoopbackURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "http" || u.Host == "" {
+		return fmt.Errorf("%q is not an http://host:port URL", raw)
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%q is not a loopback address: the bench only loads this machine", host)
+}
+
+// bench runs the end-to-end load benchmark and writes its report.
+func bench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	wl, opts, err := parseBench(args, stderr)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(opts.out, 0o755); err != nil {
+		return fmt.Errorf("bench: output directory: %w", err)
+	}
+	var rep *loadbench.Report
+	if opts.url != "" {
+		rep, err = benchURL(ctx, wl, opts, getenv, stderr)
+	} else {
+		rep, err = benchStarted(ctx, wl, opts, getenv, stderr)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("bench interrupted, no report: %w", ctx.Err())
+		}
+		return fmt.Errorf("bench: %w", err)
+	}
+	rep.CommandLine = "feed bench " + strings.Join(args, " ")
+	return writeBenchReport(rep, opts.out, stdout)
+}
+
+func writeBenchReport(rep *loadbench.Report, dir string, stdout io.Writer) error {
+	files := []struct {
+		name  string
+		write func(io.Writer) error
+	}{
+		{"report.md", rep.WriteMarkdown},
+		{"chart.png", rep.WriteChart},
+		{"summary.json", rep.WriteJSON},
+	}
+	for _, f := range files {
+		if err := writeFile(filepath.Join(dir, f.name), f.write); err != nil {
+			return err
+		}
+	}
+	if err := rep.WriteMarkdown(stdout); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "Written: %s, %s, %s\n", filepath.Join(dir, "report.md"), filepath.Join(dir, "chart.png"), filepath.Join(dir, "summary.json"))
+	return nil
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("bench: %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("bench: %s: %w", path, err)
+	}
+	return nil
+}
+
+// benchStarted starts the whole service in this process the way `feed dev`
+// does, on free loopback ports with a temporary data directory (NATS_URL,
+// REDIS_URL and DATABASE_URL, when set, are used instead of starting servers,
+// as in dev mode: point them at scratch servers), and runs the bench against
+// it.
+func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, getenv func(string) string, stderr io.Writer) (*loadbench.Report, error) {
+	dir, err := os.MkdirTemp("", "feed-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	if !opts.keep {
+		defer os.RemoveAll(dir)
+	}
+	// When run as root, Postgres runs as the postgres user, who must reach its
+	// data directory.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	cfg, err := benchStackConfig(dir, wl, getenv)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stderr, "bench: starting the service (data in %s)\n", dir)
+	svc := startBackground(ctx, cfg, newLogger(cfg, stderr))
+	stop := svc.stop
+	runCtx, cancelRun := svc.watch(ctx)
+	defer cancelRun()
+	if err := waitServing(runCtx, "http://"+cfg.HTTPAddr, 2*time.Minute); err != nil {
+		return nil, errors.Join(err, stop())
+	}
+	target := loadbench.Target{
+		BaseURL:   "http://" + cfg.HTTPAddr,
+		InProcess: true,
+		Stack: fmt.Sprintf("started in process like `feed dev` (embedded NATS with sync %s, child Redis and Postgres), FEED_BIG_ACCOUNT=%d, "+
+			"FEED_PARTITIONS=%d, FEED_INBOX_CAP=%d", cfg.NATSSync, cfg.BigAccount, cfg.Partitions, cfg.InboxCap),
+		Progress: stderr,
+	}
+	if target.Token, err = benchTokens(cfg.JWTSecret); err != nil {
+		return nil, errors.Join(err, stop())
+	}
+	prof := &phaseProfiler{dir: opts.out, stderr: stderr}
+	if opts.cpuProfile {
+		target.OnPhase = prof.onPhase
+	}
+	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true})
+	prof.stop()
+	if serr := stop(); serr != nil {
+		// A service that failed explains the bench's own error.
+		return nil, fmt.Errorf("service: %w", serr)
+	}
+	return rep, err
+}
+
+// backgroundService is the service run by serve in a goroutine of the bench.
+type backgroundService struct {
+	ctx    context.Context // ends when the service is told to stop
+	cancel context.CancelFunc
+	done   chan error // serve's result, once
+}
+
+// startBackground starts the service in dev mode; it stops when stop is
+// called, not when ctx ends, so that the bench can finish first.
+func startBackground(ctx context.Context, cfg config, logger *slog.Logger) *backgroundService {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s := &backgroundService{ctx: sctx, cancel: cancel, done: make(chan error, 1)}
+	go func() { s.done <- serve(sctx, cfg, true, logger, io.Discard) }()
+	return s
+}
+
+// stop shuts the service down in order and returns serve's error.
+func (s *backgroundService) stop() error {
+	s.cancel()
+	return <-s.done
+}
+
+// watch returns a context of parent that also ends if the service stops on
+// its own (a failure), so that the bench stops with it.
+func (s *backgroundService) watch(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-s.ctx.Done():
+		case <-ctx.Done():
+		case err := <-s.done:
+			s.done <- err // for stop
+			cancel()
+		}
+	}()
+	return ctx, cancel
+}
+
+// waitServing waits until the service at base answers /readyz with 200.
+func waitServing(ctx context.Context, base string, timeout time.Duration) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(timeout)
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
+		if err != nil {
+			return fmt.Errorf("readyz: %w", err)
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("readyz answered %d", resp.StatusCode)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the service at %s is not ready after %s: %w", base, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the service at %s is not ready: %w", base, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// benchStackConfig is the started service's configuration: the caller's
+// environment, with its own data directory, free loopback ports, the bench's
+// big-account threshold and a random JWT secret.
+func benchStackConfig(dir string, wl loadbench.Config, getenv func(string) string) (config, error) {
+	ports := make([]int, 4)
+	for i := range ports {
+		p, err := pickLoopbackPort()
+		if err != nil {
+			return config{}, err
+		}
+		ports[i] = p
+	}
+	secret := make([]byte, 24)
+	if _, err := rand.Read(secret); err != nil {
+		return config{}, fmt.Errorf("jwt secret: %w", err)
+	}
+	overrides := map[string]string{
+		"FEED_DATA_DIR":          dir,
+		"FEED_HTTP_ADDR":         "127.0.0.1:" + strconv.Itoa(ports[0]),
+		"FEED_NATS_PORT":         strconv.Itoa(ports[1]),
+		"FEED_DEV_REDIS_PORT":    strconv.Itoa(ports[2]),
+		"FEED_DEV_POSTGRES_PORT": strconv.Itoa(ports[3]),
+		"FEED_BIG_ACCOUNT":       strconv.Itoa(wl.BigThreshold),
+		"FEED_JWT_SECRET":        hex.EncodeToString(secret),
+	}
+	if getenv("FEED_LOG_LEVEL") == "" {
+		overrides["FEED_LOG_LEVEL"] = "warn"
+	}
+	return parseConfig(func(k string) string {
+		if v, ok := overrides[k]; ok {
+			return v
+		}
+		return getenv(k)
+	})
+}
+
+// pickLoopbackPort is a loopback port free at the time of asking.
+func pickLoopbackPort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pick a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// benchURL runs the bench against a running service. Tokens are signed with
+// FEED_JWT_SECRET (or the development secret of `feed dev`); positions,
+// memory and sizes are read as `feed status` reads them; the raw limits are
+// measured only against servers named by NATS_URL and REDIS_URL.
+func benchURL(ctx context.Context, wl loadbench.Config, opts benchOptions, getenv func(string) string, stderr io.Writer) (*loadbench.Report, error) {
+	cfg, err := parseConfig(getenv)
+	if err != nil {
+		return nil, err
+	}
+	secret, _ := cfg.jwtSecret(true)
+	if secret == devJWTSecret {
+		fmt.Fprintln(stderr, "bench: FEED_JWT_SECRET is unset; signing tokens with the development secret that `feed dev` accepts")
+	}
+	cfg.JWTSecret = secret
+	target := loadbench.Target{
+		BaseURL:  strings.TrimRight(opts.url, "/"),
+		Stack:    fmt.Sprintf("running at %s (FEED_BIG_ACCOUNT given as %d)", opts.url, wl.BigThreshold),
+		Progress: stderr,
+	}
+	if target.Token, err = benchTokens(secret); err != nil {
+		return nil, err
+	}
+	return runObserved(ctx, wl, target, cfg, rawServers{redis: cfg.RedisURL != "", nats: cfg.NATSURL != ""})
+}
+
+func benchTokens(secret string) (func(domain.UserID) (string, error), error) {
+	auth, err := feedhttp.NewAuthenticator(secret, nil)
+	if err != nil {
+		return nil, fmt.Errorf("FEED_JWT_SECRET: %w", err)
+	}
+	now := time.Now()
+	return func(u domain.UserID) (string, error) { return auth.Mint(u, false, now, 24*time.Hour) }, nil
+}
+
+// rawServers says which servers the raw limits may be measured on: those of
+// a stack the bench started, or named by REDIS_URL and NATS_URL.
+type rawServers struct{ redis, nats bool }
+
+// runObserved connects the observers (positions, memory, sizes, CPU and the
+// raw limits' servers) to the service's servers, runs the bench with its load
+// generator's goroutines labelled bench=loadgen in CPU profiles, and
+// disconnects.
+func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Target, cfg config, raw rawServers) (*loadbench.Report, error) {
+	obs := connectObservers(ctx, cfg, target.Progress)
+	defer obs.close()
+	target.Positions, target.RedisMemory, target.RedisCPU, target.PostgresSize = obs.positions, obs.redisMemory, obs.redisCPU, obs.postgresSize
+	target.PostgresCPU = obs.postgresCPU
+	if raw.redis && obs.redisMemory != nil { // set once Redis answered
+		target.Redis = obs.rdb
+	}
+	if raw.nats && obs.js != nil {
+		target.JetStream = obs.js
+	}
+	var (
+		rep *loadbench.Report
+		err error
+	)
+	pprof.Do(ctx, pprof.Labels("bench", "loadgen"), func(ctx context.Context) {
+		rep, err = loadbench.Run(ctx, wl, target)
+	})
+	return rep, err
+}
+
+// observers are the bench's own connections to the service's servers. A nil
+// function is unavailable; the bench then falls back to the service's metrics.
+type observers struct {
+	status       *statusConns
+	stream       jetstream.Stream
+	streamName   string
+	rdb          *redis.Client
+	js           jetstream.JetStream
+	pg           *pgxpool.Pool
+	positions    func(context.Context) (loadbench.Positions, error)
+	redisMemory  func(context.Context) (int64, error)
+	redisCPU     func(context.Context) (time.Duration, error)
+	postgresCPU  func(context.Context) (time.Duration, error)
+	postgresSize func(context.Context) (int64, error)
+	closes       []func()
+}
+
+func (o *observers) close() {
+	for i := len(o.closes) - 1; i >= 0; i-- {
+		o.closes[i]()
+	}
+	if o.status != nil {
+		o.status.close()
+	}
+}
+
+// connectObservers connects to whatever of NATS, Redis and Postgres it can
+// reach (the URLs of cfg, or the dev ports), within a few seconds.
+func connectObservers(ctx context.Context, cfg config, progress io.Writer) *observers {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	o := &observers{streamName: cfg.StreamName, status: connectStatus(cctx, cfg)}
+	for what, why := range o.status.errs {
+		fmt.Fprintf(progress, "bench: %s unavailable to the bench (%s); its figures are left out\n", what, why)
+	}
+	if o.status.js != nil && o.status.pg != nil && o.status.feeds != nil {
+		o.positions = o.readPositions
+	}
+	if nc, err := nats.Connect(natsURLOf(cfg), nats.Name("feed bench"), nats.Timeout(2*time.Second)); err == nil {
+		o.closes = append(o.closes, nc.Close)
+		// Publishes are asynchronous in the raw limit: a wide window of acks.
+		o.js, _ = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	}
+	if opts, err := redis.ParseURL(stackRedisURL(cfg)); err == nil {
+		o.rdb = redis.NewClient(opts)
+		o.closes = append(o.closes, func() { _ = o.rdb.Close() })
+		if o.rdb.Ping(cctx).Err() == nil {
+			o.redisMemory, o.redisCPU = o.readRedisMemory, o.readRedisCPU
+		}
+	}
+	if o.status.pg != nil {
+		o.pg = o.status.pg
+		o.postgresSize = o.readPostgresSize
+	}
+	if port := stackPostgresPort(cfg); port > 0 {
+		probe := loadbench.PostgresCPU(port)
+		if _, err := probe(cctx); err == nil {
+			o.postgresCPU = probe
+		}
+	}
+	return o
+}
+
+// stackPostgresPort is the port of the service's Postgres if it is on this
+// machine; 0 if not known.
+func stackPostgresPort(cfg config) int {
+	if cfg.DatabaseURL == "" {
+		return cfg.DevPGPort
+	}
+	u, err := url.Parse(cfg.DatabaseURL)
+	if err != nil {
+		return 0
+	}
+	if h := u.Hostname(); h != "localhost" && !net.ParseIP(h).IsLoopback() {
+		return 0
+	}
+	port, _ := strconv.Atoi(u.Port())
+	if port == 0 {
+		port = 5432
+	}
+	return port
+}
+
+func stackRedisURL(cfg config) string {
+	if cfg.RedisURL != "" {
+		return cfg.RedisURL
+	}
+	return fmt.Sprintf("redis://127.0.0.1:%d/0", cfg.DevRedisPort)
+}
+
+// readPositions samples the projectors as `feed status` does, and the log's
+// head.
+func (o *observers) readPositions(ctx context.Context) (loadbench.Positions, error) {
+	if o.stream == nil {
+		s, err := o.status.js.Stream(ctx, o.streamName)
+		if err != nil {
+			return loadbench.Positions{}, fmt.Errorf("stream %s: %w", o.streamName, err)
+		}
+		o.stream = s
+	}
+	info, err := o.stream.Info(ctx)
+	if err != nil {
+		return loadbench.Positions{}, fmt.Errorf("stream %s info: %w", o.streamName, err)
+	}
+	s := o.status.sample(ctx)
+	if s.readmodel == nil || s.planned == nil || s.applied == nil {
+		var why []string
+		for k, v := range s.errs {
+			why = append(why, k+": "+v)
+		}
+		return loadbench.Positions{}, fmt.Errorf("projector positions: %s", strings.Join(why, "; "))
+	}
+	pos := loadbench.Positions{Head: info.State.LastSeq, ReadModel: *s.readmodel, Planned: *s.planned, Applied: *s.applied}
+	if fanout, err := o.status.js.Stream(ctx, feeds.FanoutStream); err == nil {
+		if fi, err := fanout.Info(ctx); err == nil {
+			pos.FanoutSeq, pos.FanoutBacklog = fi.State.LastSeq, fi.State.Msgs
+		}
+	}
+	return pos, nil
+}
+
+// readRedisCPU is the CPU time Redis has used, from INFO cpu.
+func (o *observers) readRedisCPU(ctx context.Context) (time.Duration, error) {
+	info, err := o.rdb.InfoMap(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("redis info cpu: %w", err)
+	}
+	var total float64
+	for _, k := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v, err := strconv.ParseFloat(info["CPU"][k], 64)
+		if err != nil {
+			return 0, fmt.Errorf("redis %s: %w", k, err)
+		}
+		total += v
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}
+
+func (o *observers) readRedisMemory(ctx context.Context) (int64, error) {
+	info, err := o.rdb.InfoMap(ctx, "memory").Result()
+	if err != nil {
+		return 0, fmt.Errorf("redis info memory: %w", err)
+	}
+	v, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("redis used_memory: %w", err)
+	}
+	return v, nil
+}
+
+func (o *observers) readPostgresSize(ctx context.Context) (int64, error) {
+	var n int64
+	if err := o.pg.QueryRow(ctx, `SELECT pg_database_size(current_database())`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("postgres database size: %w", err)
+	}
+	return n, nil
+}
+
+// phaseProfiler writes a CPU profile of each measured phase of a started
+// stack: the service and the load generator share the process, and the
+// generator's goroutines carry the label bench=loadgen (leave them out with
+// `go tool pprof -tagignore bench=loadgen`).
+type phaseProfiler struct {
+	dir    string
+	stderr io.Writer
+	mu     sync.Mutex
+	file   *os.File
+}
+
+func (p *phaseProfiler) onPhase(phase string, start bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !start {
+		p.stopLocked()
+		return
+	}
+	path := filepath.Join(p.dir, "cpu-"+phase+".pprof")
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(p.stderr, "bench: cpu profile: %v\n", err)
+		return
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		fmt.Fprintf(p.stderr, "bench: cpu profile: %v\n", err)
+		return
+	}
+	p.file = f
+	fmt.Fprintf(p.stderr, "bench: profiling the %s phase into %s\n", phase, path)
+}
+
+func (p *phaseProfiler) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stopLocked()
+}
+
+func (p *phaseProfiler) stopLocked() {
+	if p.file == nil {
+		return
+	}
+	pprof.StopCPUProfile()
+	_ = p.file.Close()
+	p.file = nil
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"image/png"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/feed/internal/loadbench"
+	"github.com/feedproject/feed/cmd/localstack"
+)
+
+// TestBenchReportsEveryFigure runs a short bench against a stack it starts (on
+// the harness's servers) and checks the report has every figure the issue
+// asks for, measured.
+func TestBenchReportsEveryFigure(t *testing.T) {
+	stack := localstack.ForTest(t)
+	env := envMap(map[string]string{
+		"NATS_URL":       stack.NATS.ClientURL(),
+		"REDIS_URL":      stack.Redis.URL(),
+		"DATABASE_URL":   stack.Postgres.URL(),
+		"FEED_LOG_LEVEL": "error",
+	})
+	out := t.TempDir()
+	var stdout, stderr syncBuffer
+	err := run(t.Context(), []string{"bench",
+		"--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30", "--big-post-share", "0.2",
+		"--post-rate", "40", "--follow-rate", "10", "--like-rate", "20", "--comment-rate", "10",
+		"--read-rate", "40", "--cached-read-rate", "100", "--fresh-rate", "20",
+		"--warmup", "300ms", "--duration", "2s", "--read-duration", "700ms", "--raw-duration", "200ms",
+		"--setup-concurrency", "64", "--out", out,
+	}, env, &stdout, &stderr)
+	require.NoError(t, err, "stderr:\n%s", stderr.String())
+
+	b, err := os.ReadFile(filepath.Join(out, "summary.json"))
+	require.NoError(t, err)
+	var s loadbench.Summary
+	require.NoError(t, json.Unmarshal(b, &s), string(b))
+
+	require.Len(t, s.Commands, 5)
+	for _, k := range s.Commands {
+		assert.Positive(t, k.Rate, "%s throughput", k.Kind)
+		assert.Positive(t, k.P99, "%s p99", k.Kind)
+		assert.Zero(t, k.Errors, "%s errors: %v", k.Kind, k.ErrorsExamples)
+	}
+	assert.Positive(t, s.CommandRate)
+	for _, f := range s.Fresh {
+		assert.Positive(t, f.Samples, "freshness samples of %s authors", f.Authors)
+		assert.Positive(t, f.P50, "freshness p50 of %s authors", f.Authors)
+		assert.GreaterOrEqual(t, f.P99, f.P50)
+	}
+	for _, f := range s.Feed {
+		assert.Positive(t, f.Rate, "feed reads in the %s phase", f.Phase)
+		assert.Positive(t, f.P99, "feed p99 in the %s phase", f.Phase)
+		// Inboxes this small hold less than a page and a half, so pages may
+		// be mixed: the cache, then Postgres to prove the end.
+		assert.Positive(t, f.Cache+f.Mixed, "pages from the inboxes in the %s phase", f.Phase)
+	}
+	assert.Zero(t, s.Feed[1].Postgres, "every inbox is materialised before the read phase")
+	assert.Positive(t, s.Raw.ZAdd, "raw ZADD; notes: %v", s.Raw.Notes)
+	assert.Positive(t, s.Raw.Publish, "raw publish; notes: %v", s.Raw.Notes)
+	assert.Positive(t, s.Raw.Consume, "raw consume; notes: %v", s.Raw.Notes)
+	require.Len(t, s.Ratios, 4)
+	for _, r := range s.Ratios {
+		assert.Positive(t, r.Ratio, "%s against %s", r.Service, r.Limit)
+	}
+	for _, p := range s.Projectors {
+		assert.Positive(t, p.PeakRate, "%s apply rate", p.Name)
+	}
+	for _, r := range s.Resources {
+		assert.Positive(t, r.End, "%s", r.Name)
+	}
+	assert.Positive(t, s.FanoutRate)
+	assert.Zero(t, s.Errors)
+
+	report, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	for _, section := range []string{"## Raw limits", "## Commands", "## Feed freshness", "## `GET /feed`",
+		"## Projectors", "## Resources", "## The service against the raw limits", "## Targets"} {
+		assert.Contains(t, string(report), section)
+	}
+	assert.Contains(t, stdout.String(), "## Targets", "the report is printed too")
+
+	f, err := os.Open(filepath.Join(out, "chart.png"))
+	require.NoError(t, err)
+	defer f.Close()
+	img, err := png.Decode(f)
+	require.NoError(t, err, "chart.png is a PNG")
+	assert.Positive(t, img.Bounds().Dx())
+	assert.Positive(t, img.Bounds().Dy())
+}
+
+func TestBenchRefusesOtherMachinesAndBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--url", "http://10.0.0.1:8080"},
+		{"--url", "http://example.com:8080"},
+		{"--url", "https://127.0.0.1:8080"},
+		{"--url", "127.0.0.1:8080"},
+		{"--url", "http://127.0.0.1:8080", "--cpuprofile"},
+		{"--users"},
+		{"extra"},
+	} {
+		err := run(t.Context(), append([]string{"bench", "--out", t.TempDir()}, args...), envMap(nil), io.Discard, io.Discard)
+		require.ErrorIs(t, err, errUsage, "%v", args)
+	}
+	for _, ok := range []string{"http://127.0.0.1:8080", "http://localhost:8080/", "http://[::1]:8080", "http://127.1.2.3:9"} {
+		assert.NoError(t, checkLoopbackURL(ok), ok)
+	}
+}
+
+func TestBenchRefusesAnImpossibleGraph(t *testing.T) {
+	// Checked before anything is started: no big account fits under 100 users
+	// with a threshold of 500.
+	err := run(t.Context(), []string{"bench", "--users", "100", "--followers", "10", "--out", t.TempDir(), "--url", "http://127.0.0.1:1"},
+		envMap(nil), io.Discard, io.Discard)
+	require.ErrorIs(t, err, errUsage)
+	assert.Contains(t, err.Error(), "big account needs more than 500 followers")
+}

@@ -1,0 +1,162 @@
+package loadbench
+
+import (
+	"fmt"
+	"image/color"
+	"io"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// series is one line of a chart panel.
+type series struct {
+	name  string
+	value func(Sample) float64
+	color color.Color
+}
+
+var (
+	blue   = color.RGBA{R: 31, G: 119, B: 180, A: 255}
+	orange = color.RGBA{R: 255, G: 127, B: 14, A: 255}
+	green  = color.RGBA{R: 44, G: 160, B: 44, A: 255}
+	red    = color.RGBA{R: 214, G: 39, B: 40, A: 255}
+	grey   = color.Gray{Y: 170}
+)
+
+// WriteChart draws the run over time as a PNG: throughput, projector lag and
+// memory, one panel each, with the run's steps marked.
+func (r *Report) WriteChart(w io.Writer) error {
+	mib := func(v int64) float64 { return float64(v) / (1 << 20) }
+	panels := []struct {
+		title, unit string
+		lines       []series
+	}{
+		{"Throughput", "per second", []series{
+			{"commands answered 202", func(s Sample) float64 { return s.Commands }, blue},
+			{"feed pages read", func(s Sample) float64 { return s.Reads }, orange},
+			{"read model events applied", func(s Sample) float64 { return s.ReadModelRate }, green},
+			{"feeds events applied", func(s Sample) float64 { return s.FeedsRate }, red},
+		}},
+		{"Projector lag", "events behind the log", []series{
+			{"read model", func(s Sample) float64 { return s.ReadModelLag }, green},
+			{"feeds (applied)", func(s Sample) float64 { return s.FeedsLag }, red},
+			{"feeds planner", plannerLag, orange},
+		}},
+		{"Memory", "MiB", []series{
+			{"Redis used_memory", func(s Sample) float64 { return mib(s.RedisMemory) }, red},
+			{"service Go heap in use", func(s Sample) float64 { return mib(s.Heap) }, blue},
+			{"Postgres database", func(s Sample) float64 { return mib(s.PostgresSize) }, green},
+		}},
+	}
+	plots := make([][]*plot.Plot, len(panels))
+	for i, p := range panels {
+		pl, err := r.panel(p.title, p.unit, p.lines)
+		if err != nil {
+			return err
+		}
+		plots[i] = []*plot.Plot{pl}
+	}
+	img := vgimg.New(12*vg.Inch, 11*vg.Inch)
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: len(plots), Cols: 1, PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6),
+		PadRight: vg.Points(12), PadY: vg.Points(14)}
+	canvases := plot.Align(plots, tiles, dc)
+	for i := range plots {
+		plots[i][0].Draw(canvases[i][0])
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(w); err != nil {
+		return fmt.Errorf("write chart: %w", err)
+	}
+	return nil
+}
+
+// panel is one chart panel; a series whose value is negative (unknown) in
+// every sample is left out.
+func (r *Report) panel(title, unit string, lines []series) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "seconds since the stack was ready"
+	p.Y.Label.Text = unit
+	p.Y.Min = 0
+	// The legend sits top right, below the row of step names.
+	p.Legend.Top = true
+	p.Legend.YOffs = -vg.Points(14)
+	p.Add(plotter.NewGrid())
+	top := 1.0
+	for _, l := range lines {
+		xys := make(plotter.XYs, 0, len(r.Samples))
+		for _, s := range r.Samples {
+			if v := l.value(s); v >= 0 && (s.Known || !isLag(title)) {
+				xys = append(xys, plotter.XY{X: s.At.Seconds(), Y: v})
+				top = max(top, v)
+			}
+		}
+		if len(xys) == 0 {
+			continue
+		}
+		line, err := plotter.NewLine(xys)
+		if err != nil {
+			return nil, fmt.Errorf("chart %s: %w", title, err)
+		}
+		line.Color = l.color
+		line.Width = vg.Points(1.5)
+		p.Add(line)
+		p.Legend.Add(l.name, line)
+	}
+	if err := r.markStages(p, top*1.4); err != nil {
+		return nil, fmt.Errorf("chart %s: %w", title, err)
+	}
+	p.Y.Max = top * 1.45
+	return p, nil
+}
+
+func isLag(title string) bool { return title == "Projector lag" }
+
+// markStages draws a dashed line where each step of the run starts, named at
+// the top.
+func (r *Report) markStages(p *plot.Plot, top float64) error {
+	var labels plotter.XYLabels
+	prev := ""
+	for _, s := range r.Samples {
+		if s.Stage == prev {
+			continue
+		}
+		prev = s.Stage
+		x := s.At.Seconds()
+		line, err := plotter.NewLine(plotter.XYs{{X: x, Y: 0}, {X: x, Y: top}})
+		if err != nil {
+			return err
+		}
+		line.Color = grey
+		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		p.Add(line)
+		// Every other name a line lower, so that close steps stay legible.
+		y := top
+		if len(labels.XYs)%2 == 1 {
+			y = top * 0.92
+		}
+		labels.XYs = append(labels.XYs, plotter.XY{X: x, Y: y})
+		labels.Labels = append(labels.Labels, " "+s.Stage)
+	}
+	if len(labels.XYs) == 0 {
+		return nil
+	}
+	l, err := plotter.NewLabels(labels)
+	if err != nil {
+		return err
+	}
+	p.Add(l)
+	return nil
+}
+
+// plannerLag is the planner's lag, or -1 (left out) when unknown.
+func plannerLag(s Sample) float64 {
+	if !s.KnownFanout {
+		return -1
+	}
+	return s.PlannerLag
+}

@@ -1,0 +1,155 @@
+package loadbench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// machineCPU reads the machine's busy and total CPU time, in clock ticks, from
+// /proc/stat (Linux): the bench and the service share the machine, so how busy
+// it was is part of every figure.
+func machineCPU() (busy, total uint64, err error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return 0, 0, fmt.Errorf("machine cpu: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if !sc.Scan() {
+		return 0, 0, fmt.Errorf("machine cpu: empty /proc/stat: %w", sc.Err())
+	}
+	return parseCPULine(sc.Text())
+}
+
+// parseCPULine reads the aggregate "cpu user nice system idle iowait irq
+// softirq steal ..." line; idle and iowait are not busy.
+func parseCPULine(line string) (busy, total uint64, err error) {
+	fields := strings.Fields(line)
+	if len(fields) < 5 || fields[0] != "cpu" {
+		return 0, 0, fmt.Errorf("machine cpu: unexpected line %q", line)
+	}
+	for i, f := range fields[1:] {
+		if i >= 8 { // guest time is already counted in user
+			break
+		}
+		v, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("machine cpu: %q: %w", line, err)
+		}
+		total += v
+		if i != 3 && i != 4 {
+			busy += v
+		}
+	}
+	return busy, total, nil
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every
+// Linux platform Go supports.
+const clockTicks = 100
+
+// PostgresCPU returns a probe of the CPU time used by the local Postgres
+// server listening on port (started with -p port, as this project starts
+// it): its postmaster, its live backends and the backends it has reaped.
+func PostgresCPU(port int) func(context.Context) (time.Duration, error) {
+	return func(context.Context) (time.Duration, error) {
+		procs, err := readProcs()
+		if err != nil {
+			return 0, err
+		}
+		want := strconv.Itoa(port)
+		for _, p := range procs {
+			if !isPostmaster(p.cmdline, want) {
+				continue
+			}
+			ticks := p.utime + p.stime + p.cutime + p.cstime
+			for _, c := range procs {
+				if c.ppid == p.pid {
+					ticks += c.utime + c.stime
+				}
+			}
+			return time.Duration(ticks) * time.Second / clockTicks, nil
+		}
+		return 0, fmt.Errorf("no postgres process listening on port %d found", port)
+	}
+}
+
+func isPostmaster(cmdline []string, port string) bool {
+	if len(cmdline) == 0 || filepath.Base(cmdline[0]) != "postgres" {
+		return false
+	}
+	for i := 1; i+1 < len(cmdline); i++ {
+		if cmdline[i] == "-p" && cmdline[i+1] == port {
+			return true
+		}
+	}
+	return false
+}
+
+// proc is what the bench reads of one process.
+type proc struct {
+	pid, ppid                    int
+	utime, stime, cutime, cstime uint64
+	cmdline                      []string
+}
+
+func readProcs() ([]proc, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	var out []proc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		p, err := parseStat(string(stat))
+		if err != nil || p.pid != pid {
+			continue
+		}
+		if cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil {
+			p.cmdline = strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// parseStat reads /proc/<pid>/stat: "pid (comm) state ppid …", where comm may
+// hold spaces and parentheses, so the fields are counted after the last ')'.
+func parseStat(stat string) (proc, error) {
+	open, closing := strings.IndexByte(stat, '('), strings.LastIndexByte(stat, ')')
+	if open < 0 || closing < open {
+		return proc{}, fmt.Errorf("process stat %q: no command", stat)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(stat[:open]))
+	if err != nil {
+		return proc{}, fmt.Errorf("process stat: pid: %w", err)
+	}
+	// After the command: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
+	f := strings.Fields(stat[closing+1:])
+	if len(f) < 15 {
+		return proc{}, fmt.Errorf("process stat %q: too few fields", stat)
+	}
+	p := proc{pid: pid}
+	if p.ppid, err = strconv.Atoi(f[1]); err != nil {
+		return proc{}, fmt.Errorf("process stat: ppid: %w", err)
+	}
+	for i, dst := range []*uint64{&p.utime, &p.stime, &p.cutime, &p.cstime} {
+		if *dst, err = strconv.ParseUint(f[11+i], 10, 64); err != nil {
+			return proc{}, fmt.Errorf("process stat: times: %w", err)
+		}
+	}
+	return p, nil
+}

@@ -1,0 +1,118 @@
+package loadbench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/feedproject/feed/domain"
+)
+
+// Freshness polls: every pollFast for the first pollFastFor after the 202,
+// then every pollSlow until FreshTimeout.
+const (
+	pollFast    = 10 * time.Millisecond
+	pollFastFor = 500 * time.Millisecond
+	pollSlow    = 50 * time.Millisecond
+)
+
+// freshBudget lets at most rate posts per second of each class (ordinary and
+// big authors) have their freshness measured, so that the poller stays a small
+// part of the load; big authors' posts are rare, so they have a budget of their
+// own.
+type freshBudget struct {
+	interval time.Duration
+	last     [2]time.Time
+}
+
+func newFreshBudget(rate float64) *freshBudget {
+	return &freshBudget{interval: time.Duration(float64(time.Second) / rate)}
+}
+
+// take reports whether a post intended at t is sampled.
+func (b *freshBudget) take(big bool, t time.Time) bool {
+	i := 0
+	if big {
+		i = 1
+	}
+	if !b.last[i].IsZero() && t.Sub(b.last[i]) < b.interval {
+		return false
+	}
+	b.last[i] = t
+	return true
+}
+
+// trackFreshness polls each of pollers' home feeds until post is in it, and
+// records the time from acceptedAt (the 202) to the answer that showed it. At
+// most cap(r.fresh) pollers run at once; a post that finds them all busy is
+// not sampled.
+func (r *runner) trackFreshness(ctx context.Context, p *phase, post domain.PostID, big bool, acceptedAt time.Time, pollers []domain.UserID) {
+	for _, u := range pollers {
+		select {
+		case r.fresh <- struct{}{}:
+		default:
+			continue
+		}
+		r.tasks.Go(func() {
+			defer func() { <-r.fresh }()
+			d, seen := r.pollUntilSeen(ctx, p, u, post, acceptedAt)
+			if ctx.Err() == nil {
+				p.fresh.add(big, d, seen)
+			}
+		})
+	}
+}
+
+// pollUntilSeen reads user's first feed page until post is on it. At hundreds
+// of posts a second a follower's first page may move past a post between two
+// polls; when the first page is all newer than the post, a read from just
+// above the post says whether it has arrived.
+func (r *runner) pollUntilSeen(ctx context.Context, p *phase, user domain.UserID, post domain.PostID, acceptedAt time.Time) (time.Duration, bool) {
+	deadline := acceptedAt.Add(r.cfg.FreshTimeout)
+	above := fmt.Sprintf("%d:%d", post+1, domain.IDTime(int64(post)+1).Unix())
+	for {
+		seen, err := r.seen(ctx, p, user, post, above)
+		if err == nil && seen {
+			return time.Since(acceptedAt), true
+		}
+		wait := pollSlow
+		if time.Since(acceptedAt) < pollFastFor {
+			wait = pollFast
+		}
+		if time.Now().Add(wait).After(deadline) {
+			return 0, false
+		}
+		select {
+		case <-ctx.Done():
+			return 0, false
+		case <-time.After(wait):
+		}
+	}
+}
+
+// seen reports whether post is on user's first page, or, if the first page
+// has moved past it, first on the page read from just above it.
+func (r *runner) seen(ctx context.Context, p *phase, user domain.UserID, post domain.PostID, above string) (bool, error) {
+	start := time.Now()
+	page, _, err := r.api.feed(ctx, user, "", 0)
+	p.record(kindPoll, start, err)
+	if err != nil {
+		return false, err
+	}
+	ids := page.ids()
+	if slices.Contains(ids, post) {
+		return true, nil
+	}
+	if len(ids) == 0 || ids[len(ids)-1] < post || !page.HasMore {
+		return false, nil
+	}
+	start = time.Now()
+	page, _, err = r.api.feed(ctx, user, above, 0)
+	p.record(kindPoll, start, err)
+	if err != nil {
+		return false, err
+	}
+	ids = page.ids()
+	return len(ids) > 0 && ids[0] == post, nil
+}

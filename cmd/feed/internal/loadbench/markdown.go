@@ -1,0 +1,207 @@
+package loadbench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// WriteMarkdown writes the report as Markdown tables.
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	s := r.Summary()
+	var b strings.Builder
+	r.mdHeader(&b)
+	r.mdSetup(&b)
+	mdRaw(&b, s.Raw)
+	r.mdCommands(&b, s)
+	r.mdFreshness(&b, s)
+	mdFeed(&b, s)
+	r.mdProjectors(&b, s)
+	r.mdResources(&b, s)
+	mdRatios(&b, s)
+	mdTargets(&b, s)
+	_, err := io.WriteString(w, b.String())
+	if err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+func (r *Report) mdHeader(b *strings.Builder) {
+	c := r.Config
+	fmt.Fprintf(b, "# feed bench, %s\n\n", r.Started.UTC().Format("2006-01-02 15:04 MST"))
+	if r.CommandLine != "" {
+		fmt.Fprintf(b, "```\n%s\n```\n\n", r.CommandLine)
+	}
+	fmt.Fprintf(b, "- Machine: %d CPUs, %s/%s, %s.\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version())
+	fmt.Fprintf(b, "- Service: %s.\n", r.Stack)
+	fmt.Fprintf(b, "- Graph: %d users, %d followers on average, %d big accounts above %d followers (seed %d).\n",
+		c.Users, c.AvgFollowers, c.BigAccounts, c.BigThreshold, c.Seed)
+	fmt.Fprintf(b, "- Mixed phase: %s after a %s warm-up, open loop: %.0f posts/s (one %d×%d PNG each; %.0f %% by big accounts), %.0f follows+unfollows/s, "+
+		"%.0f likes/s, %.0f comments/s, %.0f feed reads/s (%.0f %% of them the next page). Read phase: %s of %.0f first pages/s.\n",
+		c.Duration, c.Warmup, c.PostRate, c.ImageSide, c.ImageSide, 100*c.BigPostShare, c.FollowRate, c.LikeRate, c.CommentRate, c.ReadRate,
+		100*c.NextPageShare, c.ReadDuration, c.CachedReadRate)
+	fmt.Fprintf(b, "- Latency is from each request's intended send time (constant arrival rate) to its answer, so a stall counts "+
+		"for every request it delays; the bench shares the machine with the service.\n")
+	fmt.Fprintf(b, "- Run took %s.\n\n", r.Finished.Sub(r.Started).Round(time.Second))
+}
+
+func (r *Report) mdSetup(b *strings.Builder) {
+	st := r.Setup
+	fmt.Fprintf(b, "## Setup\n\n")
+	fmt.Fprintf(b, "%d follows in %s (%.0f/s, %d failed); every inbox materialised in %s (%d passes of reads).\n\n",
+		st.Follows, fmtDuration(st.FollowTime), float64(st.Follows)/max(st.FollowTime.Seconds(), 1e-9), st.FollowErrors,
+		fmtDuration(st.MaterialiseTime), st.MaterialisePasses)
+}
+
+func mdRaw(b *strings.Builder, raw RawLimits) {
+	fmt.Fprintf(b, "## Raw limits (same machine, same run, same servers)\n\n")
+	fmt.Fprintf(b, "| limit | per second |\n|---|---:|\n")
+	fmt.Fprintf(b, "| Redis `ZADD`, pipelined %d at a time from %d clients | %s |\n", rawChunk, rawWorkers, fmtRate(raw.ZAdd))
+	fmt.Fprintf(b, "| JetStream async publish, %d B messages with ids, scratch stream | %s |\n", rawMsgSize, fmtRate(raw.Publish))
+	fmt.Fprintf(b, "| JetStream ordered consumer read | %s |\n\n", fmtRate(raw.Consume))
+	fmt.Fprintf(b, "The scratch stream is stored as the server stores the log: under `sync always` each of its async publishes is "+
+		"synced on its own, while the service's group commit shares one sync among the appends that arrive together.\n\n")
+	for _, n := range raw.Notes {
+		fmt.Fprintf(b, "- %s\n", n)
+	}
+	if len(raw.Notes) > 0 {
+		b.WriteString("\n")
+	}
+}
+
+func (r *Report) mdCommands(b *strings.Builder, s Summary) {
+	fmt.Fprintf(b, "## Commands (mixed phase)\n\n")
+	fmt.Fprintf(b, "| command | target/s | answered 202/s | errors | p50 | p99 | max |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, k := range s.Commands {
+		fmt.Fprintf(b, "| `%s` | %s | %.1f | %d | %s | %s | %s |\n", k.Kind, fmtRate(k.Target), k.Rate, k.Errors,
+			fmtDuration(k.P50), fmtDuration(k.P99), fmtDuration(k.Max))
+	}
+	fmt.Fprintf(b, "| all | %.0f | %.1f | | | | |\n\n", r.Config.PostRate+r.Config.FollowRate+r.Config.LikeRate+r.Config.CommentRate, s.CommandRate)
+	for _, k := range s.Commands {
+		for _, e := range k.ErrorsExamples {
+			fmt.Fprintf(b, "- `%s`: %s\n", k.Kind, e)
+		}
+	}
+	fmt.Fprintf(b, "Unfollows undo earlier follows of the workload; follows pick pairs outside the generated graph.\n\n")
+}
+
+func (r *Report) mdFreshness(b *strings.Builder, s Summary) {
+	fmt.Fprintf(b, "## Feed freshness (mixed phase)\n\n")
+	fmt.Fprintf(b, "From a post's `202` to the first answer of `GET /feed` by one of its followers that shows it, polled every "+
+		"%s for %s then every %s, at most %.0f posts/s of each kind of author and %d followers each.\n\n",
+		fmtDuration(pollFast), fmtDuration(pollFastFor), fmtDuration(pollSlow), r.Config.FreshRate, r.Config.FreshFollowers)
+	fmt.Fprintf(b, "| authors | samples | not seen in %s | p50 | p99 | max |\n|---|---:|---:|---:|---:|---:|\n", fmtDuration(r.Config.FreshTimeout))
+	for _, f := range s.Fresh {
+		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s |\n", f.Authors, f.Samples, f.Missed, fmtDuration(f.P50), fmtDuration(f.P99), fmtDuration(f.Max))
+	}
+	b.WriteString("\n")
+}
+
+func mdFeed(b *strings.Builder, s Summary) {
+	fmt.Fprintf(b, "## `GET /feed`\n\n")
+	fmt.Fprintf(b, "| phase | target/s | read/s | errors | p50 | p99 | max | service p99 bucket | pages: cache | mixed | Postgres (fallbacks) | hit ratio |\n")
+	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, f := range s.Feed {
+		fmt.Fprintf(b, "| %s | %.0f | %.1f | %d | %s | %s | %s | %s | %.0f | %.0f | %.0f | %.1f %% |\n", f.Phase, f.Target, f.Rate, f.Errors,
+			fmtDuration(f.P50), fmtDuration(f.P99), fmtDuration(f.Max), f.ServerP99Bucket, f.Cache, f.Mixed, f.Postgres, 100*f.HitRatio)
+	}
+	fmt.Fprintf(b, "\nPages by source are the service's `feed_home_pages_total` over the phase (the mixed phase's include the freshness "+
+		"poller's reads); `mixed` pages ran past the inbox into Postgres. The service p99 bucket is from its own `feed_http_request_seconds`.\n\n")
+}
+
+func (r *Report) mdProjectors(b *strings.Builder, s Summary) {
+	fmt.Fprintf(b, "## Projectors\n\n")
+	fmt.Fprintf(b, "| projector | mean applied/s (mixed) | peak applied/s (run) | max lag (mixed) | lag at its end | batches (mixed) | mean batch | events/batch |\n")
+	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range s.Projectors {
+		fmt.Fprintf(b, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.1f |\n", p.Name, p.MeanRate, p.PeakRate, p.LagMax, p.LagEnd,
+			p.Batches, fmtDuration(p.MeanBatch), p.EventsPerBatch)
+	}
+	fmt.Fprintf(b, "\nBatches are the service's `feed_projector_batch_seconds` (for the feeds, the planner's: events planned "+
+		"and their work published).\n")
+	if f := s.Fanout; f.Known {
+		perMsg := 0.0
+		if f.MessagesPerSec > 0 {
+			perMsg = s.FanoutRate / f.MessagesPerSec
+		}
+		fmt.Fprintf(b, "\nInside the feeds projector (mixed phase): the planner's lag at most %.0f events (%.0f at the end); "+
+			"it published %.0f work messages/s (about %.0f inbox writes each, if it kept up), of which at most %.0f (%.0f at the end) "+
+			"waited for the appliers.", f.PlannerLagMax, f.PlannerLagEnd, f.MessagesPerSec, perMsg, f.BacklogMax, f.BacklogEnd)
+	}
+	b.WriteString("\n")
+	if r.DrainError != "" {
+		fmt.Fprintf(b, "\nAfter the mixed phase the projectors did **not** catch up: %s.\n\n", r.DrainError)
+	} else {
+		fmt.Fprintf(b, "\nAfter the mixed phase both projectors had applied everything up to position %d within %s.\n\n",
+			r.DrainPosition, fmtDuration(r.Drain))
+	}
+}
+
+func (r *Report) mdResources(b *strings.Builder, s Summary) {
+	fmt.Fprintf(b, "## Resources (mixed phase: mean of its first and last quarter)\n\n")
+	fmt.Fprintf(b, "| resource | start | end | growth/min |\n|---|---:|---:|---:|\n")
+	for _, rs := range s.Resources {
+		growth := "unknown"
+		if rs.Start >= 0 && rs.End >= 0 {
+			growth = fmtBytes(int64(math.Abs(rs.GrowthPerMin)))
+			if rs.GrowthPerMin < 0 {
+				growth = "−" + growth
+			}
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", rs.Name, fmtBytes(rs.Start), fmtBytes(rs.End), growth)
+	}
+	fmt.Fprintf(b, "\nRedis grows until inboxes and outboxes reach their caps; Postgres keeps every post.\n\n")
+	cores := func(v float64) string {
+		if v < 0 {
+			return "unknown"
+		}
+		return fmt.Sprintf("%.2f", v)
+	}
+	whose := "the bench's process"
+	if r.InProcess {
+		whose = "the feed process"
+	}
+	fmt.Fprintf(b, "CPU, mean cores used (of %d), and how long goroutines of %s waited to run once runnable:\n\n", runtime.NumCPU(), whose)
+	fmt.Fprintf(b, "| phase | machine | feed process | Redis | Postgres | anything else | goroutines | run-queue wait p50 | p99 |\n")
+	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, c := range s.CPU {
+		other := -1.0
+		if c.Machine >= 0 && c.Process >= 0 && c.Redis >= 0 && c.Postgres >= 0 {
+			other = max(0, c.Machine-c.Process-c.Redis-c.Postgres)
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Process), cores(c.Redis),
+			cores(c.Postgres), cores(other), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99))
+	}
+	fmt.Fprintf(b, "\nThe feed process is the service and, when the bench started it, the bench's load generator too "+
+		"(its share is in the CPU profiles of `--cpuprofile`, label `bench=loadgen`; its goroutines are counted too). "+
+		"Redis runs commands on one thread. *Anything else* is other work on the machine, which the figures above shared it with.\n\n")
+}
+
+func mdRatios(b *strings.Builder, s Summary) {
+	fmt.Fprintf(b, "## The service against the raw limits\n\n")
+	fmt.Fprintf(b, "| service | /s | raw limit | /s | ratio |\n|---|---:|---|---:|---:|\n")
+	for _, x := range s.Ratios {
+		ratio := "—"
+		if x.LimitRate > 0 {
+			ratio = fmt.Sprintf("%.3f", x.Ratio)
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %s |\n", x.Service, x.ServiceRate, x.Limit, fmtRate(x.LimitRate), ratio)
+	}
+	b.WriteString("\n")
+}
+
+func mdTargets(b *strings.Builder, s Summary) {
+	fmt.Fprintf(b, "## Targets\n\n| target | measured | met |\n|---|---|---|\n")
+	for _, t := range s.Targets {
+		met := "**no**"
+		if t.Met {
+			met = "yes"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s |\n", t.Target, t.Measured, met)
+	}
+	b.WriteString("\n")
+}

@@ -1,0 +1,507 @@
+package loadbench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report is what one run measured.
+type Report struct {
+	Config Config
+	// Stack describes the service; CommandLine is how the bench was run;
+	// InProcess says the service ran in the bench's process.
+	Stack, CommandLine string
+	InProcess          bool
+	Started, Finished  time.Time
+	Raw                RawLimits
+	Setup              SetupReport
+	// The phases: the warm-up (only its errors are reported), the measured
+	// mixed phase and the read phase.
+	Warmup, Mixed, Reads *phase
+	// Drain is how long after the mixed phase the projectors took to apply
+	// everything up to DrainPosition; DrainError says why they did not.
+	Drain         time.Duration
+	DrainPosition uint64
+	DrainError    string
+	Samples       []Sample
+}
+
+// SetupReport is the graph's creation and the inboxes' materialisation.
+type SetupReport struct {
+	Follows, FollowErrors       int
+	FollowTime, MaterialiseTime time.Duration
+	MaterialisePasses           int
+}
+
+// Summary is the report's figures, as the Markdown report shows them.
+type Summary struct {
+	Commands []KindSummary
+	// CommandRate is all commands answered 202 per second in the mixed phase.
+	CommandRate float64
+	// Fresh is the freshness of ordinary authors' posts, then big authors'.
+	Fresh [2]FreshSummary
+	// Feed is GET /feed in the mixed phase, then in the read phase.
+	Feed [2]FeedSummary
+	Raw  RawLimits
+	// FanoutRate is the inbox writes per second the mixed phase's posts asked
+	// for.
+	FanoutRate float64
+	Fanout     FanoutSummary
+	Projectors []ProjectorSummary
+	Resources  []ResourceSummary
+	// CPU is where the machine's CPU went in the mixed and the read phase.
+	CPU     []CPUSummary
+	Ratios  []Ratio
+	Targets []TargetCheck
+	// Errors are the failed and dropped requests of the warm-up, mixed and
+	// read phases.
+	Errors, Dropped int64
+}
+
+// KindSummary is one request kind in the mixed phase.
+type KindSummary struct {
+	Kind           string
+	Target, Rate   float64 // per second
+	OK, Errors     int64
+	P50, P99, Max  time.Duration
+	ErrorsExamples []string `json:",omitempty"`
+}
+
+// FreshSummary is the time from a post's 202 to its presence in followers'
+// feeds.
+type FreshSummary struct {
+	Authors       string
+	Samples       int
+	Missed        int // polls that gave up after FreshTimeout
+	P50, P99, Max time.Duration
+}
+
+// FeedSummary is GET /feed in one phase: the bench's view (every page it read,
+// next pages included) and the service's (pages by source).
+type FeedSummary struct {
+	Phase                  string
+	Target, Rate           float64
+	OK, Errors             int64
+	P50, P99, Max          time.Duration
+	Cache, Mixed, Postgres float64
+	HitRatio               float64
+	ServerP99Bucket        string
+}
+
+// ProjectorSummary is one projector over the mixed phase and the whole run.
+type ProjectorSummary struct {
+	Name               string
+	MeanRate, PeakRate float64 // events applied per second
+	LagMax, LagEnd     float64 // events, in the mixed phase and at its end
+	// From the service's metrics over the mixed phase (the feeds: its
+	// planner): batches applied, their mean duration and size.
+	Batches        float64
+	MeanBatch      time.Duration
+	EventsPerBatch float64
+}
+
+// FanoutSummary is the feed projector's inside during the mixed phase: how
+// far its planner is behind the log and the work messages it sends its
+// appliers.
+type FanoutSummary struct {
+	Known                        bool
+	PlannerLagMax, PlannerLagEnd float64
+	MessagesPerSec               float64 // published
+	BacklogMax, BacklogEnd       float64 // messages not yet applied
+}
+
+// ResourceSummary is one resource at the mixed phase's start and end.
+type ResourceSummary struct {
+	Name         string
+	Start, End   int64 // bytes; -1 unknown
+	GrowthPerMin float64
+}
+
+// Ratio is the service against a raw limit.
+type Ratio struct {
+	Service, Limit string
+	ServiceRate    float64
+	LimitRate      float64
+	Ratio          float64
+}
+
+// TargetCheck is one of the issue's targets.
+type TargetCheck struct {
+	Target, Measured string
+	Met              bool
+}
+
+// Summary computes the report's figures.
+func (r *Report) Summary() Summary {
+	s := Summary{Raw: r.Raw}
+	secs := r.Config.Duration.Seconds()
+	s.Commands = r.commandSummaries()
+	for _, k := range s.Commands {
+		s.CommandRate += k.Rate
+	}
+	for i, big := range []bool{false, true} {
+		sorted, missed := r.Mixed.fresh.sorted(big)
+		f := FreshSummary{Authors: "ordinary", Samples: len(sorted), Missed: missed,
+			P50: Percentile(sorted, 0.5), P99: Percentile(sorted, 0.99)}
+		if big {
+			f.Authors = "big (merged at read time)"
+		}
+		if len(sorted) > 0 {
+			f.Max = sorted[len(sorted)-1]
+		}
+		s.Fresh[i] = f
+	}
+	s.Feed[0] = feedSummary(r.Mixed, r.Config.ReadRate, r.Config.Duration, kindFeed, kindFeedNext)
+	s.Feed[1] = feedSummary(r.Reads, r.Config.CachedReadRate, r.Config.ReadDuration, kindFeed)
+	s.FanoutRate = float64(r.Mixed.fanout.Load()) / secs
+	s.Projectors = r.projectorSummaries()
+	s.Fanout = r.fanoutSummary()
+	s.Resources = r.resourceSummaries()
+	s.CPU = []CPUSummary{r.cpuSummary(r.Mixed), r.cpuSummary(r.Reads)}
+	for _, p := range []*phase{r.Warmup, r.Mixed, r.Reads} {
+		s.Errors += p.errors()
+		s.Dropped += p.dropped.Load()
+	}
+	s.Ratios = r.ratios(s)
+	s.Targets = r.targets(s)
+	return s
+}
+
+func (r *Report) commandSummaries() []KindSummary {
+	targets := map[kind]float64{
+		kindPost: r.Config.PostRate, kindFollow: r.Config.FollowRate / 2, kindUnfollow: r.Config.FollowRate / 2,
+		kindLike: r.Config.LikeRate, kindComment: r.Config.CommentRate,
+	}
+	var out []KindSummary
+	for k := kindPost; k <= kindComment; k++ {
+		st := r.Mixed.kinds[k]
+		ks := KindSummary{
+			Kind: k.String(), Target: targets[k], Rate: float64(st.ok.Load()) / r.Config.Duration.Seconds(),
+			OK: st.ok.Load(), Errors: st.errs.Load(),
+			P50: st.latency.Quantile(0.5), P99: st.latency.Quantile(0.99), Max: st.latency.Max(),
+		}
+		ks.ErrorsExamples = examples(st)
+		out = append(out, ks)
+	}
+	return out
+}
+
+func examples(st *kindStats) []string {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var out []string
+	for _, msg := range slices.Sorted(maps.Keys(st.examples)) {
+		out = append(out, fmt.Sprintf("%d× %s", st.examples[msg], msg))
+	}
+	return out
+}
+
+func feedSummary(p *phase, target float64, d time.Duration, kinds ...kind) FeedSummary {
+	merged := NewHistogram()
+	fs := FeedSummary{Phase: p.name, Target: target}
+	for _, k := range kinds {
+		st := p.kinds[k]
+		fs.OK += st.ok.Load()
+		fs.Errors += st.errs.Load()
+		merged.merge(st.latency)
+	}
+	fs.Rate = float64(fs.OK) / d.Seconds()
+	fs.P50, fs.P99, fs.Max = merged.Quantile(0.5), merged.Quantile(0.99), merged.Max()
+	if p.before != nil && p.after != nil {
+		delta := func(source string) float64 {
+			return p.after.sum(metricPages, "source", source) - p.before.sum(metricPages, "source", source)
+		}
+		fs.Cache, fs.Mixed, fs.Postgres = delta("cache"), delta("mixed"), delta("postgres")
+		if total := fs.Cache + fs.Mixed + fs.Postgres; total > 0 {
+			fs.HitRatio = fs.Cache / total
+		}
+		fs.ServerP99Bucket = serverQuantileBucket(p.before, p.after, 0.99)
+	}
+	return fs
+}
+
+// serverQuantileBucket is the upper bound of the service's own latency
+// histogram bucket (feed_http_request_seconds for GET /feed) that holds the q
+// quantile of the phase's requests.
+func serverQuantileBucket(before, after metricSet, q float64) string {
+	b, a := before.buckets("feed_http_request_seconds", "route", "/feed"), after.buckets("feed_http_request_seconds", "route", "/feed")
+	if len(a) == 0 || len(a) != len(b) && len(b) != 0 {
+		return "unknown"
+	}
+	delta := func(i int) float64 {
+		if len(b) == 0 {
+			return a[i].count
+		}
+		return a[i].count - b[i].count
+	}
+	total := delta(len(a) - 1)
+	if total <= 0 {
+		return "no requests"
+	}
+	for i := range a {
+		if delta(i) >= q*total {
+			if math.IsInf(a[i].upper, 1) {
+				return "> " + fmtDuration(time.Duration(a[i-1].upper*float64(time.Second)))
+			}
+			return "≤ " + fmtDuration(time.Duration(a[i].upper*float64(time.Second)))
+		}
+	}
+	return "unknown"
+}
+
+func (r *Report) mixedSamples() []Sample {
+	var out []Sample
+	for _, s := range r.Samples {
+		if s.Stage == "mixed" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (r *Report) projectorSummaries() []ProjectorSummary {
+	mixed := r.mixedSamples()
+	out := []ProjectorSummary{{Name: "readmodel"}, {Name: "feeds (planner and appliers)"}}
+	for _, s := range r.Samples {
+		out[0].PeakRate = max(out[0].PeakRate, s.ReadModelRate)
+		out[1].PeakRate = max(out[1].PeakRate, s.FeedsRate)
+	}
+	for _, s := range mixed {
+		out[0].MeanRate += s.ReadModelRate / float64(len(mixed))
+		out[1].MeanRate += s.FeedsRate / float64(len(mixed))
+		out[0].LagMax = max(out[0].LagMax, s.ReadModelLag)
+		out[1].LagMax = max(out[1].LagMax, s.FeedsLag)
+	}
+	if n := len(mixed); n > 0 {
+		out[0].LagEnd, out[1].LagEnd = mixed[n-1].ReadModelLag, mixed[n-1].FeedsLag
+	}
+	if r.Mixed.before != nil && r.Mixed.after != nil {
+		for i, name := range []string{"readmodel", "feeds"} {
+			before, after := r.Mixed.before, r.Mixed.after
+			batches := after.sum("feed_projector_batch_seconds", "projector", name) - before.sum("feed_projector_batch_seconds", "projector", name)
+			if batches <= 0 {
+				continue
+			}
+			secs := after.histSum("feed_projector_batch_seconds", "projector", name) - before.histSum("feed_projector_batch_seconds", "projector", name)
+			evs := after.sum("feed_projector_events_total", "projector", name) - before.sum("feed_projector_events_total", "projector", name)
+			out[i].Batches = batches
+			out[i].MeanBatch = time.Duration(secs / batches * float64(time.Second))
+			out[i].EventsPerBatch = evs / batches
+		}
+	}
+	return out
+}
+
+// CPUSummary is the mean cores used in one phase (-1 unknown), the mean
+// number of the service's goroutines, and how long this process's goroutines
+// waited to run once runnable (the service's when it ran in the bench's
+// process).
+type CPUSummary struct {
+	Phase                             string
+	Machine, Process, Redis, Postgres float64
+	Goroutines                        float64
+	SchedP50, SchedP99                time.Duration
+}
+
+func (r *Report) cpuSummary(p *phase) CPUSummary {
+	stage := p.name
+	mean := func(f func(Sample) float64) float64 {
+		sum, n := 0.0, 0
+		for _, s := range r.Samples {
+			if v := f(s); s.Stage == stage && v >= 0 {
+				sum += v
+				n++
+			}
+		}
+		if n == 0 {
+			return -1
+		}
+		return sum / float64(n)
+	}
+	return CPUSummary{
+		Phase:      stage,
+		Machine:    mean(func(s Sample) float64 { return s.MachineCPU }),
+		Process:    mean(func(s Sample) float64 { return s.ProcessCPU }),
+		Redis:      mean(func(s Sample) float64 { return s.RedisCPU }),
+		Postgres:   mean(func(s Sample) float64 { return s.PostgresCPU }),
+		Goroutines: mean(func(s Sample) float64 { return float64(s.Goroutines) }),
+		SchedP50:   schedQuantile(p.schedBefore, p.schedAfter, 0.5),
+		SchedP99:   schedQuantile(p.schedBefore, p.schedAfter, 0.99),
+	}
+}
+
+func (r *Report) fanoutSummary() FanoutSummary {
+	mixed := r.mixedSamples()
+	var f FanoutSummary
+	for _, s := range mixed {
+		if !s.KnownFanout {
+			continue
+		}
+		f.Known = true
+		f.PlannerLagMax = max(f.PlannerLagMax, s.PlannerLag)
+		f.BacklogMax = max(f.BacklogMax, s.FanoutBacklog)
+		f.MessagesPerSec += s.FanoutRate / float64(len(mixed))
+		f.PlannerLagEnd, f.BacklogEnd = s.PlannerLag, s.FanoutBacklog
+	}
+	return f
+}
+
+func (r *Report) resourceSummaries() []ResourceSummary {
+	mixed := r.mixedSamples()
+	get := []struct {
+		name string
+		f    func(Sample) int64
+	}{
+		{"Redis used_memory", func(s Sample) int64 { return s.RedisMemory }},
+		{"Postgres database size", func(s Sample) int64 { return s.PostgresSize }},
+		{"service Go heap in use", func(s Sample) int64 { return s.Heap }},
+	}
+	var out []ResourceSummary
+	for _, g := range get {
+		rs := ResourceSummary{Name: g.name, Start: -1, End: -1}
+		if len(mixed) > 0 {
+			rs.Start, rs.End = quarterMean(mixed, g.f, true), quarterMean(mixed, g.f, false)
+			// The quarters' middles are three quarters of the span apart.
+			span := (mixed[len(mixed)-1].At - mixed[0].At).Minutes() * 3 / 4
+			if rs.Start >= 0 && rs.End >= 0 && span > 0 {
+				rs.GrowthPerMin = float64(rs.End-rs.Start) / span
+			}
+		}
+		out = append(out, rs)
+	}
+	return out
+}
+
+// quarterMean is the mean of the known values of the first (or last) quarter
+// of the samples, which smooths a garbage-collected heap's saw-tooth; -1 if
+// none is known.
+func quarterMean(ss []Sample, f func(Sample) int64, first bool) int64 {
+	n := max(1, len(ss)/4)
+	part := ss[:n]
+	if !first {
+		part = ss[len(ss)-n:]
+	}
+	var sum, known int64
+	for _, s := range part {
+		if v := f(s); v >= 0 {
+			sum += v
+			known++
+		}
+	}
+	if known == 0 {
+		return -1
+	}
+	return sum / known
+}
+
+func (r *Report) ratios(s Summary) []Ratio {
+	ratio := func(service, limit string, sr, lr float64) Ratio {
+		x := Ratio{Service: service, Limit: limit, ServiceRate: sr, LimitRate: lr}
+		if lr > 0 {
+			x.Ratio = sr / lr
+		}
+		return x
+	}
+	return []Ratio{
+		ratio("commands answered 202/s (mixed phase)", "JetStream async publish/s", s.CommandRate, s.Raw.Publish),
+		ratio("fan-out inbox writes/s asked by the posts (mixed phase)", "pipelined Redis ZADD/s", s.FanoutRate, s.Raw.ZAdd),
+		ratio("read model projector, peak events applied/s", "JetStream ordered consume/s", s.Projectors[0].PeakRate, s.Raw.Consume),
+		ratio("feeds projector, peak events applied/s", "JetStream ordered consume/s", s.Projectors[1].PeakRate, s.Raw.Consume),
+	}
+}
+
+func (r *Report) targets(s Summary) []TargetCheck {
+	c := r.Config
+	post := s.Commands[kindPost]
+	fresh := func(f FreshSummary, limit time.Duration) TargetCheck {
+		return TargetCheck{
+			Target:   fmt.Sprintf("freshness p99 ≤ %s, %s authors, at %.0f posts/s", fmtDuration(limit), strings.Fields(f.Authors)[0], c.PostRate),
+			Measured: fmt.Sprintf("p99 %s over %d samples, %d not seen in %s; %.0f posts/s", fmtDuration(f.P99), f.Samples, f.Missed, fmtDuration(c.FreshTimeout), post.Rate),
+			Met:      f.Samples > 0 && f.Missed == 0 && f.P99 <= limit && post.Rate >= 0.95*c.PostRate,
+		}
+	}
+	reads := s.Feed[1]
+	heap := s.Resources[2]
+	out := []TargetCheck{
+		fresh(s.Fresh[0], 250*time.Millisecond),
+		fresh(s.Fresh[1], 2*time.Second),
+		{
+			Target:   fmt.Sprintf("GET /feed p99 ≤ 10 ms at %.0f cached pages/s", c.CachedReadRate),
+			Measured: fmt.Sprintf("p99 %s at %.0f/s, %.1f %% from the cache", fmtDuration(reads.P99), reads.Rate, 100*reads.HitRatio),
+			Met:      reads.P99 <= 10*time.Millisecond && reads.Rate >= 0.95*c.CachedReadRate,
+		},
+		{
+			Target:   "no error",
+			Measured: fmt.Sprintf("%d failed, %d not sent (generator at its in-flight bound)", s.Errors, s.Dropped),
+			Met:      s.Errors == 0 && s.Dropped == 0,
+		},
+		r.recovered(s),
+	}
+	out = append(out, TargetCheck{
+		Target:   "service memory flat (Go heap, first vs last quarter of the mixed phase, within 20 %)",
+		Measured: fmt.Sprintf("%s → %s", fmtBytes(heap.Start), fmtBytes(heap.End)),
+		Met:      heap.Start > 0 && float64(heap.End) <= 1.2*float64(heap.Start),
+	})
+	return out
+}
+
+func (r *Report) recovered(s Summary) TargetCheck {
+	t := TargetCheck{Target: "no projector falling behind without recovering"}
+	if r.DrainError != "" {
+		t.Measured = "not caught up: " + r.DrainError
+		return t
+	}
+	t.Measured = fmt.Sprintf("lag at most %.0f / %.0f events (read model / feeds) in the mixed phase; all applied %s after it",
+		s.Projectors[0].LagMax, s.Projectors[1].LagMax, fmtDuration(r.Drain))
+	t.Met = r.Drain < r.Config.DrainTimeout
+	return t
+}
+
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0"
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	case d < time.Second:
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	}
+}
+
+func fmtBytes(b int64) string {
+	switch {
+	case b < 0:
+		return "unknown"
+	case b < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	default:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	}
+}
+
+func fmtRate(v float64) string {
+	if v == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// WriteJSON writes the summary as JSON (durations in nanoseconds).
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r.Summary()); err != nil {
+		return fmt.Errorf("write summary: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,142 @@
+package loadbench
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// kind is a kind of request the bench sends.
+type kind int
+
+const (
+	kindPost kind = iota
+	kindFollow
+	kindUnfollow
+	kindLike
+	kindComment
+	kindFeed     // GET /feed, first page
+	kindFeedNext // GET /feed?cursor=
+	kindPoll     // the freshness poller's reads
+	numKinds
+)
+
+var kindNames = [numKinds]string{
+	"POST /posts", "POST /users/{id}/follow", "DELETE /users/{id}/follow", "POST /posts/{id}/like",
+	"POST /posts/{id}/comments", "GET /feed (first page)", "GET /feed?cursor= (next page)", "GET /feed (freshness polls)",
+}
+
+func (k kind) String() string { return kindNames[k] }
+
+func (k kind) isCommand() bool { return k <= kindComment }
+
+// kindStats are one kind's outcomes in one phase.
+type kindStats struct {
+	latency  *Histogram // from the intended send time to the answer
+	ok, errs atomic.Int64
+
+	mu       sync.Mutex
+	examples map[string]int // a few distinct errors, with their counts
+}
+
+const maxErrorExamples = 5
+
+func (s *kindStats) fail(err error) {
+	s.errs.Add(1)
+	msg := err.Error()
+	var se *statusError
+	if errors.As(err, &se) {
+		msg = se.Error()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.examples[msg]; ok || len(s.examples) < maxErrorExamples {
+		s.examples[msg]++
+	}
+}
+
+// phase is what one phase of the run recorded.
+type phase struct {
+	name       string
+	start, end time.Time
+	kinds      [numKinds]*kindStats
+	// dropped counts arrivals not sent because MaxInFlight requests were
+	// outstanding: the generator, not the service, was the limit.
+	dropped atomic.Int64
+	// skipped counts arrivals with nothing to act on (a like before any post).
+	skipped atomic.Int64
+	// fanout is the inbox writes the accepted posts asked for: each post of an
+	// author below the big-account threshold is pushed into every follower's
+	// (materialised) inbox.
+	fanout atomic.Int64
+
+	fresh freshness
+	// before and after are the service's metrics at the phase's ends;
+	// schedBefore and schedAfter this process's scheduling latencies.
+	before, after           metricSet
+	schedBefore, schedAfter schedSnapshot
+}
+
+func newPhase(name string, start, end time.Time) *phase {
+	p := &phase{name: name, start: start, end: end}
+	for k := range p.kinds {
+		p.kinds[k] = &kindStats{latency: NewHistogram(), examples: map[string]int{}}
+	}
+	return p
+}
+
+// record files one request's outcome, its latency measured from intended.
+func (p *phase) record(k kind, intended time.Time, err error) {
+	s := p.kinds[k]
+	if err != nil {
+		s.fail(err)
+		return
+	}
+	s.ok.Add(1)
+	s.latency.Record(time.Since(intended))
+}
+
+// errors is the phase's failed requests of every kind.
+func (p *phase) errors() int64 {
+	var n int64
+	for _, s := range p.kinds {
+		n += s.errs.Load()
+	}
+	return n
+}
+
+// freshness holds the freshness samples of one phase.
+type freshness struct {
+	mu      sync.Mutex
+	samples [2][]time.Duration // ordinary, big
+	missed  [2]int             // polls that gave up
+}
+
+func (f *freshness) add(big bool, d time.Duration, seen bool) {
+	i := 0
+	if big {
+		i = 1
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !seen {
+		f.missed[i]++
+		return
+	}
+	f.samples[i] = append(f.samples[i], d)
+}
+
+// sorted returns the samples of a class, ascending, and the missed count.
+func (f *freshness) sorted(big bool) ([]time.Duration, int) {
+	i := 0
+	if big {
+		i = 1
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := slices.Clone(f.samples[i])
+	slices.Sort(out)
+	return out, f.missed[i]
+}

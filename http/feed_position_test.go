@@ -1,0 +1,111 @@
+package http
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakePositions is a lookup of the feeds' position that counts its calls and,
+// while gate is open (not nil), blocks until it is closed.
+type fakePositions struct {
+	calls atomic.Int64
+	pos   atomic.Uint64
+	fail  atomic.Bool
+	gate  chan struct{}
+}
+
+func (f *fakePositions) lookup(ctx context.Context) (uint64, error) {
+	f.calls.Add(1)
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	if f.fail.Load() {
+		return 0, errors.New("redis down")
+	}
+	return f.pos.Load(), nil
+}
+
+func TestSharedPositionOneLookupForConcurrentReads(t *testing.T) {
+	f := &fakePositions{gate: make(chan struct{})}
+	f.pos.Store(42)
+	s := &sharedPosition{lookup: f.lookup, ttl: time.Hour}
+	var wg sync.WaitGroup
+	got := make([]uint64, 20)
+	for i := range got {
+		wg.Go(func() {
+			pos, err := s.get(t.Context(), 0)
+			assert.NoError(t, err)
+			got[i] = pos
+		})
+	}
+	require.Eventually(t, func() bool { return f.calls.Load() == 1 }, time.Second, time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // let the others join the lookup under way
+	close(f.gate)
+	wg.Wait()
+	assert.Equal(t, int64(1), f.calls.Load(), "one lookup answers every concurrent read")
+	for _, pos := range got {
+		assert.Equal(t, uint64(42), pos)
+	}
+}
+
+func TestSharedPositionReusesOnlyRecentAndHighEnough(t *testing.T) {
+	f := &fakePositions{}
+	f.pos.Store(7)
+	s := &sharedPosition{lookup: f.lookup, ttl: 30 * time.Millisecond}
+	ctx := t.Context()
+	pos, err := s.get(ctx, 0)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(7), pos)
+
+	f.pos.Store(9)
+	pos, _ = s.get(ctx, 0)
+	assert.Equal(t, uint64(7), pos, "reused within the time to live: a lower bound is a true X-Position")
+	assert.Equal(t, int64(1), f.calls.Load())
+
+	pos, _ = s.get(ctx, 8)
+	assert.Equal(t, uint64(9), pos, "a read waiting for more looks again")
+	assert.Equal(t, int64(2), f.calls.Load())
+
+	f.pos.Store(11)
+	time.Sleep(40 * time.Millisecond)
+	pos, _ = s.get(ctx, 0)
+	assert.Equal(t, uint64(11), pos, "expired: looked up again")
+	assert.Equal(t, int64(3), f.calls.Load())
+}
+
+func TestSharedPositionDoesNotKeepFailures(t *testing.T) {
+	f := &fakePositions{}
+	f.fail.Store(true)
+	s := &sharedPosition{lookup: f.lookup, ttl: time.Hour}
+	_, err := s.get(t.Context(), 0)
+	require.Error(t, err)
+	f.fail.Store(false)
+	f.pos.Store(5)
+	pos, err := s.get(t.Context(), 0)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(5), pos, "a failure is not reused")
+	assert.Equal(t, int64(2), f.calls.Load())
+}
+
+func TestSharedPositionWaiterGivesUpWithItsRequest(t *testing.T) {
+	f := &fakePositions{gate: make(chan struct{})}
+	defer close(f.gate)
+	s := &sharedPosition{lookup: f.lookup, ttl: time.Hour}
+	go func() { _, _ = s.get(context.Background(), 0) }()
+	require.Eventually(t, func() bool { return f.calls.Load() == 1 }, time.Second, time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	_, err := s.get(ctx, 0)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
