@@ -114,7 +114,7 @@ func NewServer(deps Deps, cfg Config) *Server {
 	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{})))
 	s.app.Get("/openapi.yaml", s.openAPI)
 
-	cmd := &commands{log: deps.Log, media: deps.Media, ids: deps.IDs, now: deps.Now}
+	cmd := newCommands(deps)
 	auth := deps.Auth.requireAuth
 	s.app.Post("/posts", auth, cmd.createPost)
 	s.app.Patch("/posts/:id", auth, cmd.editPost)
