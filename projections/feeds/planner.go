@@ -248,10 +248,10 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 		return err
 	}
 	for recs := merged.Records; len(recs) > 0; {
-		// A run of post events goes in one round trip: only follows change
-		// who is pushed to.
+		// A run of the other events goes in one round trip: only follows
+		// change who is pushed to.
 		n := 0
-		for n < len(recs) && isPostEvent(recs[n]) {
+		for n < len(recs) && !isFollowEvent(recs[n]) {
 			n++
 		}
 		if n > 0 {
@@ -279,18 +279,20 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	return nil
 }
 
-func isPostEvent(rec events.Record) bool {
+func isFollowEvent(rec events.Record) bool {
 	switch rec.Event.(type) {
-	case events.PostCreated, events.PostDeleted:
+	case events.UserFollowed, events.UserUnfollowed:
 		return true
 	}
 	return false
 }
 
-// planPosts applies a run of post creations and deletions to the outboxes and
-// adds their work: a new post is pushed to its author's followers (not a big
+// planPosts applies a run of events without follows to the outboxes and adds
+// their work: a new post is pushed to its author's followers (not a big
 // account's: those are merged in at read time), a deleted one removed from
 // them (also a big account's: followers may hold copies pushed before).
+// Edits, likes and comments change no feed: pages are hydrated from the read
+// model.
 func (p *Planner) planPosts(ctx context.Context, recs []events.Record, w *work) error {
 	changes := make([]OutboxChange, 0, len(recs))
 	var authors []domain.UserID
@@ -313,6 +315,9 @@ func (p *Planner) planPosts(ctx context.Context, recs []events.Record, w *work) 
 			need(e.UserID)
 		}
 	}
+	if len(changes) == 0 {
+		return nil // likes, comments and edits only
+	}
 	followers, err := p.store.ChangeOutboxes(ctx, changes, authors)
 	if err != nil {
 		return err
@@ -330,6 +335,8 @@ func (p *Planner) planPosts(ctx context.Context, recs []events.Record, w *work) 
 			author, it.Op, it.Posts = e.UserID, OpPush, []domain.PostID{e.PostID}
 		case events.PostDeleted:
 			author, it.Op, it.Posts = e.UserID, OpRemove, []domain.PostID{e.PostID}
+		default:
+			continue
 		}
 		for _, f := range followers[author] {
 			it.Recipient = f
@@ -356,19 +363,16 @@ func (p *Planner) plan(ctx context.Context, rec events.Record, w *work) error {
 // the followee's outbox to merge or unmerge (none to merge from a big account:
 // its posts are merged at read time).
 func (p *Planner) planFollow(ctx context.Context, seq uint64, follower, followee domain.UserID, follow bool, w *work) error {
-	change, op := p.store.Unfollow, OpUnmerge
+	op := OpUnmerge
 	if follow {
-		change, op = p.store.Follow, OpMerge
+		op = OpMerge
 	}
-	if err := change(ctx, follower, followee); err != nil {
-		return err
-	}
-	big, err := p.updateBig(ctx, followee, w.big[followee], seq, w)
-	if err != nil || (follow && big) {
-		return err
-	}
-	out, err := p.outbox(ctx, followee)
+	n, out, err := p.store.ChangeFollow(ctx, follower, followee, follow)
 	if err != nil {
+		return err
+	}
+	big, err := p.updateBig(ctx, followee, w.big[followee], n, out, seq, w)
+	if err != nil || (follow && big) {
 		return err
 	}
 	w.add(Item{Recipient: follower, Seq: seq, Op: op, Posts: out.Posts, Floor: out.Floor}, p.cfg.Partitions)
@@ -391,11 +395,7 @@ func (p *Planner) bigSet(ctx context.Context) (map[domain.UserID]bool, error) {
 // updateBig keeps the set of big accounts, whose posts are not pushed. An
 // account that stops being big gets its outbox merged into every follower's
 // inbox, since its posts of the big period were never pushed.
-func (p *Planner) updateBig(ctx context.Context, user domain.UserID, wasBig bool, seq uint64, w *work) (bool, error) {
-	n, err := p.store.FollowerCount(ctx, user)
-	if err != nil {
-		return false, err
-	}
+func (p *Planner) updateBig(ctx context.Context, user domain.UserID, wasBig bool, n int64, out Outbox, seq uint64, w *work) (bool, error) {
 	big := n > int64(p.store.Config().BigThreshold)
 	if big == wasBig {
 		return big, nil
@@ -405,10 +405,6 @@ func (p *Planner) updateBig(ctx context.Context, user domain.UserID, wasBig bool
 	}
 	w.big[user] = big
 	if !big {
-		out, err := p.outbox(ctx, user)
-		if err != nil {
-			return false, err
-		}
 		followers, err := p.store.Followers(ctx, user)
 		if err != nil {
 			return false, err
@@ -418,14 +414,6 @@ func (p *Planner) updateBig(ctx context.Context, user domain.UserID, wasBig bool
 		}
 	}
 	return big, nil
-}
-
-func (p *Planner) outbox(ctx context.Context, user domain.UserID) (Outbox, error) {
-	m, err := p.store.Outboxes(ctx, []domain.UserID{user})
-	if err != nil {
-		return Outbox{}, err
-	}
-	return m[user], nil
 }
 
 // Materialise builds the inboxes readers asked for (cold start): each from the

@@ -476,26 +476,57 @@ func (s *Store) Outboxes(ctx context.Context, authors []domain.UserID) (map[doma
 	}
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	for i, cmd := range cmds {
-		zs, err := cmd.Result()
+		ob, err := stOutbox(cmd, authors[i])
 		if err != nil {
-			return nil, stFail(fmt.Sprintf("read outbox of user %d", authors[i]), err)
-		}
-		ob := Outbox{Posts: make([]domain.PostID, 0, len(zs))}
-		for _, z := range zs {
-			m, _ := z.Member.(string)
-			if m == "f" {
-				ob.Floor = stSpecial(z.Score)
-				continue
-			}
-			p, err := stParsePost(m)
-			if err != nil {
-				return nil, fmt.Errorf("read outbox of user %d: %w", authors[i], err)
-			}
-			ob.Posts = append(ob.Posts, p)
+			return nil, err
 		}
 		out[authors[i]] = ob
 	}
 	return out, nil
+}
+
+// stOutbox parses the answer of a read of author's whole outbox.
+func stOutbox(cmd *redis.ZSliceCmd, author domain.UserID) (Outbox, error) {
+	zs, err := cmd.Result()
+	if err != nil {
+		return Outbox{}, stFail(fmt.Sprintf("read outbox of user %d", author), err)
+	}
+	ob := Outbox{Posts: make([]domain.PostID, 0, len(zs))}
+	for _, z := range zs {
+		m, _ := z.Member.(string)
+		if m == "f" {
+			ob.Floor = stSpecial(z.Score)
+			continue
+		}
+		p, err := stParsePost(m)
+		if err != nil {
+			return Outbox{}, fmt.Errorf("read outbox of user %d: %w", author, err)
+		}
+		ob.Posts = append(ob.Posts, p)
+	}
+	return ob, nil
+}
+
+// ChangeFollow records that follower follows followee (or no longer does) and
+// returns, in the same round trip, the followee's follower count and outbox
+// after it: what the planner needs to plan the change.
+func (s *Store) ChangeFollow(ctx context.Context, follower, followee domain.UserID, follow bool) (int64, Outbox, error) {
+	pipe := s.rdb.Pipeline()
+	fol, fng := s.userKey(followee, stFollowerSuffix), s.userKey(follower, stFollowsSuffix)
+	if follow {
+		pipe.SAdd(ctx, fol, int64(follower))
+		pipe.SAdd(ctx, fng, int64(followee))
+	} else {
+		pipe.SRem(ctx, fol, int64(follower))
+		pipe.SRem(ctx, fng, int64(followee))
+	}
+	count := pipe.SCard(ctx, fol)
+	out := pipe.ZRevRangeWithScores(ctx, s.userKey(followee, stOutboxSuffix), 0, -1)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, Outbox{}, stFail(fmt.Sprintf("record user %d follows %d: %t", follower, followee, follow), err)
+	}
+	ob, err := stOutbox(out, followee)
+	return count.Val(), ob, err
 }
 
 // Follow records that follower follows followee. The two sets live in
