@@ -203,18 +203,28 @@ func Position(ctx context.Context, store *Store, js jetstream.JetStream) (uint64
 
 // positionAfter finishes Position given the planner's position, read first.
 func positionAfter(ctx context.Context, planned uint64, stream jetstream.Stream) (uint64, error) {
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("feeds position: %w: %w", domain.ErrUnavailable, err)
+	for attempt := 0; ; attempt++ {
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("feeds position: %w: %w", domain.ErrUnavailable, err)
+		}
+		if info.State.Msgs == 0 {
+			return planned, nil
+		}
+		oldest, err := stream.GetMsg(ctx, info.State.FirstSeq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) && attempt < 3 {
+			continue // applied (and removed) between the two requests: look again
+		}
+		if err != nil {
+			return 0, fmt.Errorf("feeds position: %w", err)
+		}
+		return positionOf(planned, oldest)
 	}
-	if info.State.Msgs == 0 {
-		return planned, nil
-	}
-	oldest, err := stream.GetMsg(ctx, info.State.FirstSeq)
-	if err != nil {
-		// Applied meanwhile: ask again next time.
-		return 0, fmt.Errorf("feeds position: %w", err)
-	}
+}
+
+// positionOf is the feeds' position given the planner's and the oldest work
+// not yet applied.
+func positionOf(planned uint64, oldest *jetstream.RawStreamMsg) (uint64, error) {
 	from, err := strconv.ParseUint(oldest.Header.Get(fromHeader), 10, 64)
 	if err != nil || from == 0 {
 		return 0, fmt.Errorf("feeds position: work without %s", fromHeader)
