@@ -443,7 +443,7 @@ func connectObservers(ctx context.Context, cfg config, progress io.Writer) *obse
 		// Publishes are asynchronous in the raw limit: a wide window of acks.
 		o.js, _ = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
 	}
-	if opts, err := redis.ParseURL(stackRedisURL(cfg)); err == nil {
+	if opts, err := redis.ParseURL(redisURLOf(cfg)); err == nil {
 		o.rdb = redis.NewClient(opts)
 		o.closes = append(o.closes, func() { _ = o.rdb.Close() })
 		if o.rdb.Ping(cctx).Err() == nil {
@@ -481,13 +481,6 @@ func stackPostgresPort(cfg config) int {
 		port = 5432
 	}
 	return port
-}
-
-func stackRedisURL(cfg config) string {
-	if cfg.RedisURL != "" {
-		return cfg.RedisURL
-	}
-	return fmt.Sprintf("redis://127.0.0.1:%d/0", cfg.DevRedisPort)
 }
 
 // readPositions samples the projectors as `feed status` does, and the log's

@@ -274,10 +274,7 @@ func connectRebuilder(ctx context.Context, cfg config, logger *slog.Logger) (*re
 		return fail(err)
 	}
 	closers = append(closers, log.Close)
-	redisURL := cfg.RedisURL
-	if redisURL == "" {
-		redisURL = fmt.Sprintf("redis://127.0.0.1:%d/0", cfg.DevRedisPort)
-	}
+	redisURL := redisURLOf(cfg)
 	ropts, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return fail(fmt.Errorf("parse REDIS_URL: %w", err))
@@ -288,10 +285,7 @@ func connectRebuilder(ctx context.Context, cfg config, logger *slog.Logger) (*re
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fail(fmt.Errorf("ping redis %s: %w", ropts.Addr, err))
 	}
-	databaseURL := cfg.DatabaseURL
-	if databaseURL == "" {
-		databaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/feed?sslmode=disable", cfg.DevPGPort)
-	}
+	databaseURL := databaseURLOf(cfg)
 	return newRebuilder(ctx, cfg, log, databaseURL, rdb, js, logger), closeAll, nil
 }
 

@@ -76,10 +76,7 @@ func connectStatus(ctx context.Context, cfg config) *statusConns {
 		}
 	}
 
-	redisURL := cfg.RedisURL
-	if redisURL == "" {
-		redisURL = fmt.Sprintf("redis://127.0.0.1:%d/0", cfg.DevRedisPort)
-	}
+	redisURL := redisURLOf(cfg)
 	if opts, err := redis.ParseURL(redisURL); err != nil {
 		c.errs["redis"] = fmt.Sprintf("parse REDIS_URL: %v", err)
 	} else {
@@ -92,10 +89,7 @@ func connectStatus(ctx context.Context, cfg config) *statusConns {
 		}
 	}
 
-	databaseURL := cfg.DatabaseURL
-	if databaseURL == "" {
-		databaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/feed?sslmode=disable", cfg.DevPGPort)
-	}
+	databaseURL := databaseURLOf(cfg)
 	if pg, err := readmodel.OpenPool(ctx, databaseURL, migrations.Schema); err != nil {
 		c.errs["postgres"] = fmt.Sprintf("connect postgres: %v", err)
 	} else {

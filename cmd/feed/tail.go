@@ -192,6 +192,23 @@ func natsURLOf(cfg config) string {
 	return fmt.Sprintf("nats://127.0.0.1:%d", cfg.NATSPort)
 }
 
+// redisURLOf is the Redis to connect to: REDIS_URL, or `feed dev`'s child.
+func redisURLOf(cfg config) string {
+	if cfg.RedisURL != "" {
+		return cfg.RedisURL
+	}
+	return fmt.Sprintf("redis://127.0.0.1:%d/0", cfg.DevRedisPort)
+}
+
+// databaseURLOf is the Postgres to connect to: DATABASE_URL, or `feed dev`'s
+// child.
+func databaseURLOf(cfg config) string {
+	if cfg.DatabaseURL != "" {
+		return cfg.DatabaseURL
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/feed?sslmode=disable", cfg.DevPGPort)
+}
+
 // tail prints the events of the log that match its flags as JSON lines. It
 // reads with an ephemeral ordered consumer and leaves no state on the server.
 func tail(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
