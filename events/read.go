@@ -158,3 +158,50 @@ func (l *Log) pending(ctx context.Context, opts ReadOptions) (uint64, error) {
 	}
 	return n, nil
 }
+
+// Touch is one event as Watch sees it: its position and subject, without the
+// body.
+type Touch struct {
+	Seq     uint64
+	Subject string
+}
+
+// Watch delivers the position and subject of every event appended after the
+// sequence after, in log order, until ctx ends (returning nil) or fn returns an
+// error (returned). It asks the server for headers only, so following a busy
+// log costs little: it is for readers that need to know what changed, not how
+// (such as a cache that drops what an event touches).
+func (l *Log) Watch(ctx context.Context, after uint64, fn func(Touch) error) error {
+	cfg := jetstream.OrderedConsumerConfig{HeadersOnly: true, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if after > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = after + 1
+	}
+	cons, err := l.js.OrderedConsumer(ctx, l.cfg.Name, cfg)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", l.cfg.Name, classify(err))
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", l.cfg.Name, classify(err))
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) && ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("watch %s: %w", l.cfg.Name, classify(err))
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("watch %s: %w", l.cfg.Name, err)
+		}
+		if err := fn(Touch{Seq: meta.Sequence.Stream, Subject: msg.Subject()}); err != nil {
+			return err
+		}
+	}
+}

@@ -2,6 +2,8 @@ package events
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/feedproject/feed/domain"
 )
@@ -33,4 +35,27 @@ func Subject(actor domain.UserID, kind string, target int64) string {
 // finding a post's owner from its own events.
 func PostSubjectAnyOwner(id domain.PostID) string {
 	return fmt.Sprintf("%s.*.%s.%d", SubjectPrefix, KindPost, id)
+}
+
+// ParseSubject splits an event subject into its actor, kind and target; ok is
+// false for anything not of the form ev.<actor>.<kind>.<target>.
+func ParseSubject(subject string) (actor domain.UserID, kind string, target int64, ok bool) {
+	rest, found := strings.CutPrefix(subject, SubjectPrefix+".")
+	if !found {
+		return 0, "", 0, false
+	}
+	a, rest, found := strings.Cut(rest, ".")
+	if !found {
+		return 0, "", 0, false
+	}
+	kind, t, found := strings.Cut(rest, ".")
+	if !found {
+		return 0, "", 0, false
+	}
+	ai, err1 := strconv.ParseInt(a, 10, 64)
+	ti, err2 := strconv.ParseInt(t, 10, 64)
+	if err1 != nil || err2 != nil || kind == "" {
+		return 0, "", 0, false
+	}
+	return domain.UserID(ai), kind, ti, true
 }

@@ -31,9 +31,23 @@ type HomeFeedModel interface {
 	Position(ctx context.Context) (uint64, error)
 }
 
+// FeedPosts hydrates the pages of the home feed (readmodel.Cache keeps them
+// in memory between reads). minPos is the reader's X-Min-Position (0: none).
+type FeedPosts interface {
+	Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID, minPos uint64) (map[domain.PostID]readmodel.Post, error)
+}
+
+// modelPosts hydrates from the read model on every read.
+type modelPosts struct{ model HomeFeedModel }
+
+func (m modelPosts) Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID, _ uint64) (map[domain.PostID]readmodel.Post, error) {
+	return m.model.Posts(ctx, ids, viewer)
+}
+
 type homeFeed struct {
 	cache     HomeFeedCache
 	model     HomeFeedModel
+	posts     FeedPosts
 	log       *slog.Logger
 	pages     *prometheus.CounterVec
 	waitFor   func(*fiber.Ctx) error
@@ -53,15 +67,16 @@ func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Regi
 		}, []string{"source"}),
 	}
 	reg.MustRegister(h.pages)
+	h.posts = deps.FeedPosts
+	if h.posts == nil {
+		h.posts = modelPosts{model: deps.FeedModel}
+	}
 	h.positions = &sharedPosition{lookup: func(ctx context.Context) (uint64, error) { return h.cache.Position(ctx) }, ttl: positionReuse}
 	h.waitFor = func(c *fiber.Ctx) error {
 		if h.cache == nil || h.model == nil {
 			return fmt.Errorf("no home feed is configured: %w", domain.ErrUnavailable)
 		}
-		var want uint64
-		if v := c.Get(headerMinPosition); v != "" {
-			want, _ = events.ParsePosition(v) // awaitPosition refuses a bad one
-		}
+		want := minPosition(c)
 		return awaitPosition(c, func(ctx context.Context) (uint64, error) { return h.position(ctx, want) }, cfg.ConsistencyWait)
 	}
 	app.Get("/feed", deps.Auth.requireAuth, h.feed)
@@ -155,6 +170,16 @@ type feedPageView struct {
 	HasMore    bool       `json:"has_more"`
 }
 
+// minPosition is the request's X-Min-Position, 0 when absent (awaitPosition
+// refuses a bad one).
+func minPosition(c *fiber.Ctx) uint64 {
+	var want uint64
+	if v := c.Get(headerMinPosition); v != "" {
+		want, _ = events.ParsePosition(v)
+	}
+	return want
+}
+
 // feed serves the home feed: the ids of a page from the inbox above its floor
 // (with big accounts' posts merged in), continued from the read model's pull
 // feed below it, or from the pull feed alone when the inbox is cold or Redis is
@@ -178,7 +203,7 @@ func (h *homeFeed) feed(c *fiber.Ctx) error {
 	if hasMore {
 		ids = ids[:domain.PageSize]
 	}
-	posts, err := h.hydrate(ctx, ids, p.UserID)
+	posts, err := h.hydrate(ctx, ids, p.UserID, minPosition(c))
 	if err != nil {
 		return err
 	}
@@ -204,8 +229,8 @@ func (h *homeFeed) feed(c *fiber.Ctx) error {
 // missing and the read model is behind the feeds, it waits (up to the
 // consistency bound) for it and reads once more. Posts still missing were
 // deleted.
-func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer domain.UserID) (map[domain.PostID]readmodel.Post, error) {
-	posts, err := h.model.Posts(ctx, ids, viewer)
+func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer domain.UserID, minPos uint64) (map[domain.PostID]readmodel.Post, error) {
+	posts, err := h.posts.Posts(ctx, ids, viewer, minPos)
 	if err != nil || len(posts) == len(ids) {
 		return posts, err
 	}
@@ -220,7 +245,7 @@ func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer doma
 			return nil, err
 		}
 		if pos >= target {
-			return h.model.Posts(ctx, ids, viewer)
+			return h.posts.Posts(ctx, ids, viewer, minPos)
 		}
 		if time.Now().After(deadline) {
 			return posts, nil

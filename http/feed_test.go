@@ -43,6 +43,7 @@ type feedWorld struct {
 	readRun *projections.Runner
 	planRun *projections.Runner
 	reader  *feeds.Reader
+	posts   *readmodel.Cache
 	redis   *localstack.Redis
 	ids     *domain.IDGenerator
 	n       int
@@ -116,7 +117,10 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	w.readRun = projections.NewRunner(log, readmodel.NewProjector(pool, nil), fast, nil, quiet)
 	w.planRun = projections.NewRunner(log, planner, fast, nil, quiet)
 	appliers := feeds.NewApplier(w.store, js, []int{0, 1, 2}, quiet)
+	// Pages are hydrated through the post cache, as the service does.
+	w.posts = readmodel.NewCache(w.read, log, readmodel.CacheConfig{}, nil, quiet)
 	var wg sync.WaitGroup
+	wg.Go(func() { _ = w.posts.Run(ctx) })
 	wg.Go(func() {
 		if startReadModel != nil {
 			select {
@@ -155,7 +159,7 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	w.reader = feeds.NewReader(w.store, js)
 	w.srv = NewServer(Deps{
 		Logger: quiet, Registerer: reg, Gatherer: reg, Log: log, Media: store, Auth: w.auth, IDs: ids,
-		ReadModel: w.read, FeedCache: w.reader, FeedModel: w.read,
+		ReadModel: w.read, FeedCache: w.reader, FeedModel: w.read, FeedPosts: w.posts,
 	}, Config{ConsistencyWait: 5 * time.Second})
 	return w
 }
@@ -169,8 +173,8 @@ func (w *feedWorld) settle(t *testing.T) {
 	require.Eventually(t, func() bool {
 		rm, err1 := w.read.Position(ctx)
 		fp, err2 := w.reader.Position(ctx)
-		return err1 == nil && err2 == nil && rm >= head && fp >= head
-	}, 60*time.Second, 10*time.Millisecond, "projectors did not reach %d", head)
+		return err1 == nil && err2 == nil && rm >= head && fp >= head && w.posts.Heard() >= head
+	}, 60*time.Second, 10*time.Millisecond, "projectors and the post cache did not reach %d", head)
 }
 
 // page gets one page of user's home feed.

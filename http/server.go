@@ -71,6 +71,8 @@ type Deps struct {
 	// FeedCache and FeedModel serve GET /feed; while either is nil it answers 503.
 	FeedCache HomeFeedCache
 	FeedModel HomeFeedModel
+	// FeedPosts hydrates the home feed's pages; nil: FeedModel on every read.
+	FeedPosts FeedPosts
 	// Rebuilds serves the admin rebuild routes; while it is nil they answer 503.
 	Rebuilds Rebuilds
 	// Now is the clock; nil means time.Now.

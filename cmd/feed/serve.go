@@ -292,11 +292,15 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		}})
 	}
 	readStore := readmodel.NewStore(in.pg)
+	var postCache *readmodel.Cache
+	if cfg.PostCache > 0 {
+		postCache = readmodel.NewCache(readStore, in.log, readmodel.CacheConfig{Posts: cfg.PostCache, Likes: 5 * cfg.PostCache}, reg, logger)
+	}
 	// Rebuilds started by the admin routes stop with the process, leaving their
 	// shadows to resume; they are waited for before the connections close.
 	rebuilds := newRebuilder(ctx, cfg, in.log, in.databaseURL, in.redis, in.js, logger)
 	defer rebuilds.wait()
-	srv := feedhttp.NewServer(feedhttp.Deps{
+	deps := feedhttp.Deps{
 		Logger:     logger,
 		Registerer: reg,
 		Gatherer:   reg,
@@ -309,7 +313,11 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		FeedCache:  feeds.NewReader(feeds.NewStore(in.readRedis, feedStore.Config()), in.js),
 		FeedModel:  readStore,
 		Rebuilds:   rebuilds,
-	}, feedhttp.Config{ConsistencyWait: cfg.ConsistencyWait})
+	}
+	if postCache != nil {
+		deps.FeedPosts = postCache
+	}
+	srv := feedhttp.NewServer(deps, feedhttp.Config{ConsistencyWait: cfg.ConsistencyWait})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -322,6 +330,9 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(ln) })
+	if postCache != nil {
+		g.Go(func() error { return postCache.Run(gctx) })
+	}
 	// Projectors stop after the API has drained, each finishing its batch.
 	projCtx, stopProjectors := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopProjectors()

@@ -153,10 +153,14 @@ func paginate[R, T any](rows []R, item func(R) T, cursor func(R) domain.Cursor) 
 
 // selectPosts hydrates live posts with their media, one row per image (ordered
 // by post and position, so a post's rows are adjacent). The like check runs once
-// per post, not per image, and is skipped for the anonymous viewer 0.
+// per post, not per image, and is skipped for the anonymous viewer 0. Each row
+// also carries the projector's checkpoint: one statement sees one snapshot, and
+// the projector commits each batch with its checkpoint, so it is exactly the
+// log position the rows reflect (what Cache needs to keep them).
 const selectPosts = `
 SELECT p.id, p.user_id, p.caption, p.created_at, p.edited_at, p.like_count, p.comment_count, p.has_liked,
-       m.position, m.media_key, m.content_type, m.width, m.height
+       m.position, m.media_key, m.content_type, m.width, m.height,
+       coalesce((SELECT c.position FROM projector_checkpoints c WHERE c.projector = $3), 0)
 FROM (
     SELECT p.*, ($2::bigint <> 0 AND EXISTS (
         SELECT 1 FROM likes l WHERE l.post_id = p.id AND l.user_id = $2)) AS has_liked
@@ -183,20 +187,30 @@ func (s *Store) Post(ctx context.Context, id domain.PostID, viewer domain.UserID
 // Posts hydrates a page of post ids for viewer (0: anonymous) in one query.
 // Unknown and deleted posts are absent from the map.
 func (s *Store) Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID) (map[domain.PostID]Post, error) {
+	posts, _, err := s.PostsAt(ctx, ids, viewer)
+	return posts, err
+}
+
+// PostsAt is Posts, with the log position the posts reflect: the read model's
+// checkpoint in the same snapshot (0 when no post was found).
+func (s *Store) PostsAt(ctx context.Context, ids []domain.PostID, viewer domain.UserID) (map[domain.PostID]Post, uint64, error) {
 	out := make(map[domain.PostID]Post, len(ids))
 	if len(ids) == 0 {
-		return out, nil
+		return out, 0, nil
 	}
 	raw := make([]int64, len(ids))
 	for i, id := range ids {
 		raw[i] = int64(id)
 	}
-	rows, err := s.pool.Query(ctx, selectPosts, raw, int64(viewer))
+	rows, err := s.pool.Query(ctx, selectPosts, raw, int64(viewer), checkpointName)
 	if err != nil {
-		return nil, queryError("read posts", err)
+		return nil, 0, queryError("read posts", err)
 	}
 	defer rows.Close()
-	var cur *Post
+	var (
+		cur  *Post
+		asOf int64
+	)
 	for rows.Next() {
 		var (
 			p                  Post
@@ -204,8 +218,8 @@ func (s *Store) Posts(ctx context.Context, ids []domain.PostID, viewer domain.Us
 			key, contentType   *string
 		)
 		if err := rows.Scan(&p.ID, &p.UserID, &p.Caption, &p.CreatedAt, &p.EditedAt, &p.LikeCount, &p.CommentCount,
-			&p.HasLiked, &pos, &key, &contentType, &width, &height); err != nil {
-			return nil, queryError("read posts", err)
+			&p.HasLiked, &pos, &key, &contentType, &width, &height, &asOf); err != nil {
+			return nil, 0, queryError("read posts", err)
 		}
 		if cur == nil || cur.ID != p.ID {
 			if cur != nil {
@@ -221,12 +235,12 @@ func (s *Store) Posts(ctx context.Context, ids []domain.PostID, viewer domain.Us
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, queryError("read posts", err)
+		return nil, 0, queryError("read posts", err)
 	}
 	if cur != nil {
 		out[cur.ID] = *cur
 	}
-	return out, nil
+	return out, uint64(asOf), nil
 }
 
 // ProfileGrid reads a page of user's live posts, newest first, each with its

@@ -1,0 +1,328 @@
+package readmodel
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+)
+
+// Cache keeps hydrated posts in memory, so that a page of the home feed whose
+// ids come from Redis is served without Postgres. It is never staler than the
+// read model by more than the time it takes to hear of an event:
+//
+//   - Each entry is a post (or one viewer's like of it) exactly as the read
+//     model held it at a known log position, its asOf: the projector's
+//     checkpoint read in the same snapshot as the rows (Store.PostsAt).
+//   - Watch follows the log (headers only). An event on a post (edit, delete,
+//     like, comment) drops the entries of that post older than the event and
+//     marks the post dirty up to it.
+//   - A read that began before the event but fills the cache after it carries
+//     an asOf below the mark and is not kept. Marks are forgotten once the read
+//     model is seen past them, and fills from before that (below floor) are not
+//     kept either.
+//
+// A read with X-Min-Position above what the cache has heard of skips it, so a
+// client reads its own edits and likes; while the log cannot be followed the
+// cache serves nothing. Entries also expire after MaxAge, which bounds what an
+// operator's partial rebuild (replay --from) could leave behind.
+type Cache struct {
+	store  *Store
+	log    *events.Log
+	cfg    CacheConfig
+	logger *slog.Logger
+	lookup *prometheus.CounterVec
+
+	mu sync.Mutex
+	// live is whether the log is being followed; only then are entries served.
+	live bool
+	// seen is the position of the last event heard of: every event up to it
+	// has dropped what it touched.
+	seen uint64
+	// floor is the lowest asOf a fill may have to be kept; model is the highest
+	// asOf a read has reported, and modelBefore its value at the last prune.
+	floor, model, modelBefore uint64
+	pruned                    time.Time
+	posts                     *simplelru.LRU[domain.PostID, cachedPost]
+	likes                     *simplelru.LRU[viewerLike, cachedLike]
+	// dirty marks each post with the last event heard of on it (a like's mark
+	// is its post's: a like changes the post's count too).
+	dirty map[domain.PostID]uint64
+
+	// beforeFill, if set, runs between a read from Postgres and its fill, for
+	// tests of that race.
+	beforeFill func()
+}
+
+// CacheConfig sizes a Cache; zero fields take the defaults.
+type CacheConfig struct {
+	// Posts is how many posts are kept (default 100 000, ~1 KiB each).
+	Posts int
+	// Likes is how many (viewer, post) like states are kept (default 500 000).
+	Likes int
+	// MaxAge is how long an entry is served (default one minute).
+	MaxAge time.Duration
+	// MaxDirty is how many dirty marks are kept while the read model lags;
+	// beyond it the cache starts over (default 200 000).
+	MaxDirty int
+}
+
+type cachedPost struct {
+	post Post // HasLiked false: likes are per viewer
+	asOf uint64
+	at   time.Time
+}
+
+type viewerLike struct {
+	viewer domain.UserID
+	post   domain.PostID
+}
+
+type cachedLike struct {
+	liked bool
+	asOf  uint64
+	at    time.Time
+}
+
+// pruneEvery is how often dirty marks the read model has passed are forgotten.
+const pruneEvery = time.Second
+
+// NewCache returns a cache over store, to be kept current by Run; reg (if not
+// nil) gets its hit and miss counts.
+func NewCache(store *Store, log *events.Log, cfg CacheConfig, reg prometheus.Registerer, logger *slog.Logger) *Cache {
+	if cfg.Posts <= 0 {
+		cfg.Posts = 100_000
+	}
+	if cfg.Likes <= 0 {
+		cfg.Likes = 500_000
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = time.Minute
+	}
+	if cfg.MaxDirty <= 0 {
+		cfg.MaxDirty = 200_000
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Cache{
+		store: store, log: log, cfg: cfg, logger: logger,
+		lookup: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "feed_post_cache_lookups_total",
+			Help: "Posts looked up in the in-memory cache of hydrated posts, by result (hit, miss).",
+		}, []string{"result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(c.lookup)
+	}
+	c.reset(0)
+	return c
+}
+
+// reset empties the cache; only reads reflecting at least floor may fill it.
+// The caller holds mu (or has the only reference).
+func (c *Cache) reset(floor uint64) {
+	// NewLRU fails only for a size below 1, which NewCache rules out.
+	c.posts, _ = simplelru.NewLRU[domain.PostID, cachedPost](c.cfg.Posts, nil)
+	c.likes, _ = simplelru.NewLRU[viewerLike, cachedLike](c.cfg.Likes, nil)
+	c.dirty = make(map[domain.PostID]uint64)
+	c.floor, c.model, c.modelBefore = floor, floor, floor
+	c.pruned = time.Now()
+}
+
+// Run follows the log and keeps the cache current until ctx ends. When it
+// cannot follow the log, the cache serves nothing until it can again.
+func (c *Cache) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for {
+		head, err := c.log.Head(ctx)
+		if err == nil {
+			c.mu.Lock()
+			c.reset(head)
+			c.seen, c.live = head, true
+			c.mu.Unlock()
+			err = c.log.Watch(ctx, head, c.touched)
+		}
+		c.mu.Lock()
+		c.live = false
+		c.reset(0)
+		c.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil //nolint:nilerr // the end of ctx, not a failure to report
+		}
+		c.logger.Warn("post cache cannot follow the log; reads go to postgres", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// touched drops what the event at t touches: a post's events, likes and
+// comments change how it hydrates; a like also changes its actor's has_liked.
+func (c *Cache) touched(t events.Touch) error {
+	actor, kind, target, ok := events.ParseSubject(t.Subject)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seen = t.Seq
+	if ok {
+		switch kind {
+		case events.KindPost, events.KindComment:
+			c.dropPost(domain.PostID(target), t.Seq)
+		case events.KindLike:
+			c.dropPost(domain.PostID(target), t.Seq)
+			c.dropLike(viewerLike{viewer: actor, post: domain.PostID(target)}, t.Seq)
+		}
+	}
+	c.prune(time.Now())
+	return nil
+}
+
+func (c *Cache) dropPost(id domain.PostID, seq uint64) {
+	if e, ok := c.posts.Peek(id); ok && e.asOf < seq {
+		c.posts.Remove(id)
+	}
+	c.dirty[id] = max(c.dirty[id], seq)
+}
+
+func (c *Cache) dropLike(k viewerLike, seq uint64) {
+	if e, ok := c.likes.Peek(k); ok && e.asOf < seq {
+		c.likes.Remove(k)
+	}
+}
+
+// prune forgets the dirty marks the read model had passed at the last prune: a
+// read begun since reflects them. Reads begun before that are not kept (the
+// floor rises). If the read model lags so far that the marks pile up, the cache
+// starts over above everything heard of. The caller holds mu.
+func (c *Cache) prune(now time.Time) {
+	if len(c.dirty) > c.cfg.MaxDirty {
+		c.logger.Warn("post cache: the read model lags far behind the log; starting over", "heard", c.seen, "read_model", c.model)
+		c.reset(c.seen)
+		return
+	}
+	if now.Sub(c.pruned) < pruneEvery {
+		return
+	}
+	passed := c.modelBefore
+	for id, seq := range c.dirty {
+		if seq <= passed {
+			delete(c.dirty, id)
+		}
+	}
+	c.floor = max(c.floor, passed)
+	c.modelBefore = c.model
+	c.pruned = now
+}
+
+// Posts hydrates ids for viewer (0: anonymous) like Store.Posts, from memory
+// where it can and from Postgres for the rest, in one query. minPos is the log
+// position the reader asked for (X-Min-Position, 0 for none): until the cache
+// has heard of every event up to it, it is not used. The posts returned share
+// their Media slices with the cache: callers must not modify them.
+func (c *Cache) Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID, minPos uint64) (map[domain.PostID]Post, error) {
+	out := make(map[domain.PostID]Post, len(ids))
+	missing := c.cached(ids, viewer, minPos, out)
+	if len(missing) == 0 {
+		return out, nil
+	}
+	read, asOf, err := c.store.PostsAt(ctx, missing, viewer)
+	if err != nil {
+		return nil, err
+	}
+	if c.beforeFill != nil {
+		c.beforeFill()
+	}
+	c.fill(read, asOf, viewer)
+	for id, p := range read {
+		out[id] = p
+	}
+	return out, nil
+}
+
+// cached puts into out the posts it holds and returns the ids it does not.
+func (c *Cache) cached(ids []domain.PostID, viewer domain.UserID, minPos uint64, out map[domain.PostID]Post) []domain.PostID {
+	now := time.Now()
+	var missing []domain.PostID
+	c.mu.Lock()
+	if !c.live || c.seen < minPos {
+		c.mu.Unlock()
+		c.lookup.WithLabelValues("miss").Add(float64(len(ids)))
+		return ids
+	}
+	for _, id := range ids {
+		e, ok := c.posts.Get(id)
+		if !ok || now.Sub(e.at) >= c.cfg.MaxAge {
+			missing = append(missing, id)
+			continue
+		}
+		if viewer != 0 {
+			l, ok := c.likes.Get(viewerLike{viewer: viewer, post: id})
+			if !ok || now.Sub(l.at) >= c.cfg.MaxAge {
+				missing = append(missing, id)
+				continue
+			}
+			e.post.HasLiked = l.liked
+		}
+		out[id] = e.post
+	}
+	c.mu.Unlock()
+	if hits := len(ids) - len(missing); hits > 0 {
+		c.lookup.WithLabelValues("hit").Add(float64(hits))
+	}
+	if len(missing) > 0 {
+		c.lookup.WithLabelValues("miss").Add(float64(len(missing)))
+	}
+	return missing
+}
+
+// fill keeps the posts read at asOf, unless an event heard of since (a dirty
+// mark above asOf) or a prune (the floor) says they may be out of date.
+func (c *Cache) fill(read map[domain.PostID]Post, asOf uint64, viewer domain.UserID) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.live || len(read) == 0 {
+		return
+	}
+	c.model = max(c.model, asOf)
+	if asOf < c.floor {
+		return
+	}
+	for id, p := range read {
+		if asOf < c.dirty[id] {
+			continue // and so is the viewer's like state
+		}
+		if e, ok := c.posts.Peek(id); !ok || e.asOf <= asOf {
+			content := p
+			content.HasLiked = false
+			c.posts.Add(id, cachedPost{post: content, asOf: asOf, at: now})
+		}
+		if viewer == 0 {
+			continue
+		}
+		k := viewerLike{viewer: viewer, post: id}
+		if e, ok := c.likes.Peek(k); !ok || e.asOf <= asOf {
+			c.likes.Add(k, cachedLike{liked: p.HasLiked, asOf: asOf, at: now})
+		}
+	}
+}
+
+// Heard is the position of the last event the cache has heard of, 0 while it
+// is not following the log.
+func (c *Cache) Heard() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.live {
+		return 0
+	}
+	return c.seen
+}

@@ -1,0 +1,269 @@
+package readmodel_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections/readmodel"
+)
+
+// cacheWorld is a log, a read model kept up with it by the live projector, and
+// a post cache following the log.
+type cacheWorld struct {
+	log   *events.Log
+	store *readmodel.Store
+	cache *readmodel.Cache
+	n     int
+}
+
+func newCacheWorld(t *testing.T, cfg readmodel.CacheConfig, reg prometheus.Registerer, beforeFill func()) *cacheWorld {
+	t.Helper()
+	log := pjLog(t)
+	pool := openPool(t, nil)
+	w := &cacheWorld{log: log, store: readmodel.NewStore(pool)}
+	liveRunner(t, log, readmodel.NewProjector(pool, nil))
+	w.cache = readmodel.NewCache(w.store, log, cfg, reg, slog.New(slog.DiscardHandler))
+	if beforeFill != nil {
+		readmodel.SetBeforeFill(w.cache, beforeFill)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.cache.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	require.Eventually(t, func() bool { return w.cache.Heard() > 0 || w.head(t) == 0 }, 10*time.Second, 5*time.Millisecond)
+	return w
+}
+
+func (w *cacheWorld) head(t *testing.T) uint64 {
+	t.Helper()
+	head, err := w.log.Head(context.Background())
+	require.NoError(t, err)
+	return head
+}
+
+func (w *cacheWorld) append(t *testing.T, ev events.Event) {
+	t.Helper()
+	w.n++
+	_, err := w.log.AppendEvent(context.Background(), fmt.Sprintf("c%d", w.n), time.Now(), ev)
+	require.NoError(t, err)
+}
+
+// settled waits until the read model has applied the whole log and the cache
+// has heard of all of it.
+func (w *cacheWorld) settled(t *testing.T) {
+	t.Helper()
+	head := w.head(t)
+	require.Eventually(t, func() bool {
+		pos, err := w.store.Position(context.Background())
+		return err == nil && pos >= head && w.cache.Heard() >= head
+	}, 30*time.Second, 5*time.Millisecond, "read model and cache did not reach %d", head)
+}
+
+// same checks that the cache hydrates ids for viewer exactly as Postgres does.
+func (w *cacheWorld) same(t *testing.T, ids []domain.PostID, viewer domain.UserID) {
+	t.Helper()
+	want, err := w.store.Posts(context.Background(), ids, viewer)
+	require.NoError(t, err)
+	got, err := w.cache.Posts(context.Background(), ids, viewer, 0)
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "viewer %d", viewer)
+}
+
+// TestCacheDoesNotKeepAReadOvertakenByAnEvent is the cache's known race: a read
+// from Postgres begins, an edit and a like are appended, applied and heard of,
+// and only then does the read fill the cache. Kept, it would serve the old
+// caption and like state until the post changed again.
+func TestCacheDoesNotKeepAReadOvertakenByAnEvent(t *testing.T) {
+	for _, late := range []struct {
+		name string
+		// meanwhile runs while the read is held, after the events are heard of.
+		meanwhile func(t *testing.T, w *cacheWorld, other domain.PostID)
+	}{
+		{name: "dirty mark", meanwhile: func(*testing.T, *cacheWorld, domain.PostID) {}},
+		{name: "after the mark is pruned", meanwhile: func(t *testing.T, w *cacheWorld, other domain.PostID) {
+			// Reads of another post show the read model past the edit; two
+			// prunes later the edit's mark is forgotten, and only the floor
+			// stops the held read.
+			for range 3 {
+				_, err := w.cache.Posts(context.Background(), []domain.PostID{other}, 0, 0)
+				require.NoError(t, err)
+				time.Sleep(1100 * time.Millisecond)
+				w.append(t, events.UserFollowed{FollowerID: 8, FolloweeID: 9})
+				w.settled(t)
+			}
+		}},
+	} {
+		t.Run(late.name, func(t *testing.T) {
+			var (
+				hold    atomic.Bool
+				held    = make(chan struct{})
+				release = make(chan struct{})
+			)
+			w := newCacheWorld(t, readmodel.CacheConfig{}, nil, func() {
+				if hold.CompareAndSwap(true, false) {
+					close(held)
+					<-release
+				}
+			})
+			const post, other domain.PostID = 1_000_001, 1_000_002
+			const viewer domain.UserID = 5
+			w.append(t, created(post, 1))
+			w.append(t, created(other, 2))
+			w.settled(t)
+
+			hold.Store(true)
+			read := make(chan map[domain.PostID]readmodel.Post, 1)
+			go func() {
+				got, err := w.cache.Posts(context.Background(), []domain.PostID{post}, viewer, 0)
+				assert.NoError(t, err)
+				read <- got
+			}()
+			<-held
+			w.append(t, events.PostEdited{PostID: post, UserID: 1, Caption: "edited", EditedAt: time.Now()})
+			w.append(t, events.PostLiked{UserID: viewer, PostID: post})
+			w.settled(t)
+			late.meanwhile(t, w, other)
+			close(release)
+			assert.Equal(t, "post 1000001", (<-read)[post].Caption, "the held read began before the edit")
+
+			// Anonymous first: the viewer's like state, missing, would send
+			// the whole post to Postgres and hide a stale caption.
+			anon, err := w.cache.Posts(context.Background(), []domain.PostID{post}, 0, 0)
+			require.NoError(t, err)
+			assert.Equal(t, "edited", anon[post].Caption)
+			assert.Equal(t, 1, anon[post].LikeCount)
+			got, err := w.cache.Posts(context.Background(), []domain.PostID{post}, viewer, 0)
+			require.NoError(t, err)
+			assert.Equal(t, "edited", got[post].Caption)
+			assert.True(t, got[post].HasLiked)
+			assert.Equal(t, 1, got[post].LikeCount)
+			w.same(t, []domain.PostID{post, other}, viewer)
+		})
+	}
+}
+
+// TestCacheEqualsTheReadModelUnderLiveTraffic hammers the cache with reads of
+// random posts for random viewers while a workload of posts, edits, deletes,
+// likes, unlikes and comments is appended; once the read model has applied it
+// and the cache heard of it, every post reads the same from the cache as from
+// Postgres, for every viewer, and most reads were served from memory.
+func TestCacheEqualsTheReadModelUnderLiveTraffic(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	w := newCacheWorld(t, readmodel.CacheConfig{Posts: 200, Likes: 1000}, reg, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		wg    sync.WaitGroup
+		reads atomic.Int64
+	)
+	known := func() []domain.PostID {
+		posts, err := postIDs(w)
+		require.NoError(t, err)
+		return posts
+	}
+	for r := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(r), 7))
+			for ctx.Err() == nil {
+				all, err := postIDs(w)
+				if err != nil || len(all) == 0 {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				page := make([]domain.PostID, 0, 10)
+				for range 10 {
+					page = append(page, all[rng.IntN(len(all))])
+				}
+				if _, err := w.cache.Posts(ctx, page, domain.UserID(rng.IntN(13)), 0); err == nil {
+					reads.Add(1)
+				}
+			}
+		})
+	}
+	require.NoError(t, appendWorkload(context.Background(), w.log, 3000, 11, 0))
+	w.settled(t)
+	cancel()
+	wg.Wait()
+	require.Positive(t, reads.Load())
+	hits := cacheLookups(t, reg, "hit")
+	misses := cacheLookups(t, reg, "miss")
+	t.Logf("%d reads of 10 posts: %.0f posts from memory, %.0f from postgres", reads.Load(), hits, misses)
+	require.Positive(t, hits, "the cache served nothing: the comparison below would prove nothing")
+
+	all := known()
+	require.NotEmpty(t, all)
+	for viewer := range domain.UserID(13) {
+		for i := 0; i < len(all); i += 10 {
+			w.same(t, all[i:min(i+10, len(all))], viewer)
+		}
+	}
+}
+
+// cacheLookups is the cache's count of posts looked up with the given result.
+func cacheLookups(t *testing.T, reg *prometheus.Registry, result string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "feed_post_cache_lookups_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if m.GetLabel()[0].GetValue() == result {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no lookups counted as %s", result)
+	return 0
+}
+
+// postIDs lists every post of the read model, deleted or not.
+func postIDs(w *cacheWorld) ([]domain.PostID, error) {
+	return readmodel.AllPostIDs(context.Background(), w.store)
+}
+
+// TestCacheDropsWhatAnEventTouches reads a post into the cache, then lets a
+// like, an edit, a comment and a delete each change it: after each, the post
+// reads as Postgres has it, whoever reads it first.
+func TestCacheDropsWhatAnEventTouches(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	w := newCacheWorld(t, readmodel.CacheConfig{}, reg, nil)
+	const post domain.PostID = 1_000_001
+	const viewer, other domain.UserID = 5, 6
+	w.append(t, created(post, 1))
+	w.settled(t)
+	ids := []domain.PostID{post}
+	w.same(t, ids, viewer)
+	w.same(t, ids, viewer)
+	require.Positive(t, cacheLookups(t, reg, "hit"), "the second read came from memory")
+
+	for _, ev := range []events.Event{
+		events.PostLiked{UserID: viewer, PostID: post},
+		events.PostEdited{PostID: post, UserID: 1, Caption: "edited", EditedAt: time.Now()},
+		events.CommentAdded{CommentID: 1_000_003, PostID: post, UserID: other, Text: "hi", CreatedAt: time.Now()},
+		events.PostUnliked{UserID: viewer, PostID: post},
+		events.PostDeleted{PostID: post, UserID: 1, DeletedAt: time.Now()},
+	} {
+		w.append(t, ev)
+		w.settled(t)
+		// Another viewer first, so that the post's content is in memory again
+		// and only the viewer's own like state can be out of date.
+		w.same(t, ids, other)
+		w.same(t, ids, viewer)
+	}
+}

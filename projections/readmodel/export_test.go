@@ -1,0 +1,26 @@
+package readmodel
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/feedproject/feed/domain"
+)
+
+// SetBeforeFill makes c run f between each read from Postgres and its fill, so
+// a test can let events overtake a read. Set it before c is used.
+func SetBeforeFill(c *Cache, f func()) { c.beforeFill = f }
+
+// AllPostIDs lists every post in s, deleted or not, in id order.
+func AllPostIDs(ctx context.Context, s *Store) ([]domain.PostID, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id FROM posts ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (domain.PostID, error) {
+		var id int64
+		err := r.Scan(&id)
+		return domain.PostID(id), err
+	})
+}
