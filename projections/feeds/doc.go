@@ -1,15 +1,16 @@
 // Package feeds keeps the home feeds in Redis: an outbox of recent posts per
 // author, an inbox per recently active reader, and the follower and following
 // sets that fan-out needs, written by a planner that follows the event log and
-// by appliers that change each inbox with one idempotent Lua script per
-// recipient, and read a page at a time with big accounts merged in at read time.
+// by appliers that change each inbox with an idempotent Lua script (one run per
+// batch of recipients), and read a page at a time with big accounts merged in at
+// read time.
 //
 // Keys (persisted names: never rename them) live in a keyspace version,
 // prefixed feed:v<N>: (written <p> below), so that a rebuild can build version
 // N+1 beside the live one and then switch readers and the planner to it by
 // setting feed:version (see Rebuild). Every per-user key carries the user id as
-// its hash tag, so all of one user's keys share a Redis Cluster slot and every
-// script touches one slot:
+// its hash tag, so all of one user's keys share a Redis Cluster slot and on a
+// Cluster every script run touches one slot:
 //
 //	feed:version          string: the keyspace version in use (absent: 1).
 //	feed:rebuild          hash: the rebuild in progress (its version, the old).

@@ -100,6 +100,9 @@ type Store struct {
 	outboxAdd *redis.Script
 	version   int64
 	prefix    string
+	// batch is whether one apply script call may carry many recipients: only
+	// on a single Redis, where keys of different slots can go together.
+	batch bool
 	// repairs counts the inbox entries reconciliation had to fix: in a correct
 	// system it stays at zero. Shared by the stores of every version.
 	repairs *atomic.Int64
@@ -118,6 +121,8 @@ func NewStore(rdb redis.UniversalClient, cfg Config) *Store {
 		outboxAdd: redis.NewScript(stOutboxAddLua),
 		repairs:   new(atomic.Int64),
 	}
+	// A failover (Sentinel) client is a *redis.Client too: one master.
+	_, s.batch = rdb.(*redis.Client)
 	return s.At(1)
 }
 
@@ -241,41 +246,93 @@ func stCheckItem(it Item) error {
 	return nil
 }
 
-// stApplyCall is one run of the apply script: all of one recipient's items.
+// stCallArgs bounds the arguments of an apply script call that carries
+// several recipients. A fan-out message's pushes take one call, which is what
+// makes them cheap; a call carries at most about two whole-outbox merges or
+// materialisations (some 500 posts each), so that no call keeps Redis from its
+// other clients for more than a few milliseconds.
+const stCallArgs = 1024
+
+// stApplyCall is one run of the apply script: the items of its recipients,
+// one inbox key each, as lists of items that recipients with the same items
+// share (see apply.lua).
 type stApplyCall struct {
-	recipient domain.UserID
-	args      []any
+	recipients []domain.UserID
+	keys       []string
+	lists      []any // the item lists' arguments
+	nlists     int
+	refs       []any // each key's list, from 1
+	// shared finds the lists of single items (see stShareable).
+	shared map[stItem]int
+}
+
+func stNewApplyCall() *stApplyCall { return &stApplyCall{shared: map[stItem]int{}} }
+
+// stItem is a work item with at most one post, as a map key.
+type stItem struct {
+	op    Op
+	seq   uint64
+	floor int64
+	post  domain.PostID // 0: none
+}
+
+// stShareable reports whether a recipient's items can share a list with
+// other recipients': a single item with at most one post, such as the push of
+// a post to its author's followers or the removal of a deleted one.
+func stShareable(items []Item) (stItem, bool) {
+	if len(items) != 1 || len(items[0].Posts) > 1 || items[0].Op == OpMaterialise || items[0].Op == OpReconcile {
+		return stItem{}, false
+	}
+	it := items[0]
+	k := stItem{op: it.Op, seq: it.Seq, floor: it.Floor}
+	if len(it.Posts) == 1 {
+		k.post = it.Posts[0]
+	}
+	return k, true
+}
+
+// size bounds the number of the call's script arguments.
+func (c *stApplyCall) size() int { return 3 + len(c.lists) + len(c.refs) }
+
+// args are the call's script arguments.
+func (c *stApplyCall) args(cfg Config) []any {
+	ttl := max(cfg.TTL.Milliseconds(), 1)
+	args := make([]any, 0, c.size())
+	args = append(args, strconv.Itoa(cfg.InboxCap), strconv.FormatInt(ttl, 10), strconv.Itoa(c.nlists))
+	args = append(args, c.lists...)
+	if c.nlists == 1 {
+		return args // every key has the one list
+	}
+	return append(args, c.refs...)
+}
+
+// String names the call's recipients in errors.
+func (c *stApplyCall) String() string {
+	if len(c.recipients) == 1 {
+		return fmt.Sprintf("user %d", c.recipients[0])
+	}
+	return fmt.Sprintf("user %d and %d others", c.recipients[0], len(c.recipients)-1)
 }
 
 // ApplyItems applies items to their recipients' inboxes and returns how many
 // were applied (the rest were skipped: applied before, or the inbox is not
 // materialised). Items of the same recipient are applied in the order given, all
 // in one script run, so that no item can take effect after a later one of the
-// same recipient failed; different recipients' runs are pipelined. Invalid items
-// fail the whole call before anything is written. On an error some recipients
-// may have been updated; applying the same items again is safe.
+// same recipient failed. On a single Redis one script run carries many
+// recipients (see stCallArgs); on a Cluster, which refuses keys of different
+// slots in one run, or a Ring, it carries one. The runs are pipelined. Invalid
+// items fail the whole call before anything is written. On an error some
+// recipients may have been updated; applying the same items again is safe.
 func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err error) {
 	if len(items) == 0 {
 		return 0, nil
 	}
-	byRecipient := make(map[domain.UserID]int) // index into calls
-	var calls []stApplyCall
-	ttl := max(s.cfg.TTL.Milliseconds(), 1)
 	for i, it := range items {
 		if err := stCheckItem(it); err != nil {
 			return 0, fmt.Errorf("apply feed items: item %d: %w", i, err)
 		}
-		ci, ok := byRecipient[it.Recipient]
-		if !ok {
-			ci = len(calls)
-			byRecipient[it.Recipient] = ci
-			calls = append(calls, stApplyCall{
-				recipient: it.Recipient,
-				args:      []any{strconv.Itoa(s.cfg.InboxCap), strconv.FormatInt(ttl, 10)},
-			})
-		}
-		calls[ci].args = s.stAppendItem(calls[ci].args, it)
 	}
+	calls := s.stPack(items)
 
 	n, retry, err := s.stRunApply(ctx, calls)
 	applied += n
@@ -289,10 +346,68 @@ func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err 
 		n, retry, err = s.stRunApply(ctx, retry)
 		applied += n
 		if err == nil && len(retry) > 0 {
-			err = fmt.Errorf("apply feed items for user %d: script cache flushed twice: %w", retry[0].recipient, domain.ErrUnavailable)
+			err = fmt.Errorf("apply feed items for %s: script cache flushed twice: %w", retry[0], domain.ErrUnavailable)
 		}
 	}
 	return applied, err
+}
+
+// stPack packs the items into script runs: each recipient's items, in the
+// order given, as one list, in one run.
+func (s *Store) stPack(items []Item) []*stApplyCall {
+	// order lists the items by recipient, the recipients in the order they
+	// first appear, each one's items in the order given.
+	group := make(map[domain.UserID]int)
+	groups := make([]int, len(items))
+	order := make([]int, len(items))
+	for i, it := range items {
+		g, ok := group[it.Recipient]
+		if !ok {
+			g = len(group)
+			group[it.Recipient] = g
+		}
+		groups[i], order[i] = g, i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(groups[a], groups[b]) })
+
+	var (
+		calls []*stApplyCall
+		mine  []Item // one recipient's items
+		list  []any  // their list's arguments
+	)
+	for lo := 0; lo < len(order); {
+		r := items[order[lo]].Recipient
+		mine = mine[:0]
+		for ; lo < len(order) && items[order[lo]].Recipient == r; lo++ {
+			mine = append(mine, items[order[lo]])
+		}
+		if len(calls) == 0 || !s.batch {
+			calls = append(calls, stNewApplyCall())
+		}
+		c := calls[len(calls)-1]
+		key, shareable := stShareable(mine)
+		ref, ok := c.shared[key]
+		if !shareable || !ok || c.size()+1 > stCallArgs {
+			list = append(list[:0], strconv.Itoa(len(mine)))
+			for _, it := range mine {
+				list = s.stAppendItem(list, it)
+			}
+			if len(c.recipients) > 0 && c.size()+len(list)+1 > stCallArgs {
+				c = stNewApplyCall()
+				calls = append(calls, c)
+			}
+			c.lists = append(c.lists, list...)
+			c.nlists++
+			ref = c.nlists
+			if shareable {
+				c.shared[key] = ref
+			}
+		}
+		c.recipients = append(c.recipients, r)
+		c.keys = append(c.keys, s.userKey(r, stInboxSuffix))
+		c.refs = append(c.refs, strconv.Itoa(ref))
+	}
+	return calls
 }
 
 // stAppendItem appends the script arguments of one item: op, seq, floor, n,
@@ -344,11 +459,11 @@ func stNewest(posts []domain.PostID, floor int64, limit int) ([]domain.PostID, i
 
 // stRunApply pipelines the calls and returns how many items they applied and
 // the calls refused because the script was not cached.
-func (s *Store) stRunApply(ctx context.Context, calls []stApplyCall) (applied int, noScript []stApplyCall, err error) {
+func (s *Store) stRunApply(ctx context.Context, calls []*stApplyCall) (applied int, noScript []*stApplyCall, err error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = s.apply.EvalSha(ctx, pipe, []string{s.userKey(c.recipient, stInboxSuffix)}, c.args...)
+		cmds[i] = s.apply.EvalSha(ctx, pipe, c.keys, c.args(s.cfg)...)
 	}
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	for i, cmd := range cmds {
@@ -358,11 +473,11 @@ func (s *Store) stRunApply(ctx context.Context, calls []stApplyCall) (applied in
 			applied += int(res[0])
 			s.repairs.Add(res[1])
 		case cerr == nil:
-			err = fmt.Errorf("apply feed items for user %d: unexpected answer %v", calls[i].recipient, res)
+			err = fmt.Errorf("apply feed items for %s: unexpected answer %v", calls[i], res)
 		case errors.Is(cerr, redis.ErrNoScript) || redis.HasErrorPrefix(cerr, "NOSCRIPT"):
 			noScript = append(noScript, calls[i])
 		case err == nil:
-			err = stFail(fmt.Sprintf("apply feed items for user %d", calls[i].recipient), cerr)
+			err = stFail(fmt.Sprintf("apply feed items for %s", calls[i]), cerr)
 		}
 	}
 	return applied, noScript, err

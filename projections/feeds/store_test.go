@@ -671,6 +671,108 @@ func TestApplyItemsAgainstModel(t *testing.T) {
 	}
 }
 
+// TestApplyItemsForManyAgainstModel applies random batches of work items for
+// many recipients at once — fan-outs of one push or removal to many of them,
+// which share a list in the script's arguments, mixed with each one's own
+// items, some too long to share a script run — and compares every inbox with
+// its reference model after each. It runs over a single Redis, where a script
+// run carries many recipients, and over a Ring, where it carries one.
+func TestApplyItemsForManyAgainstModel(t *testing.T) {
+	t.Parallel()
+	const (
+		limit = 8
+		users = 40
+	)
+	r := localstack.RedisForTest(t)
+	ctx := t.Context()
+	single := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = single.Close() })
+	require.NoError(t, single.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+2)).Err())
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": r.Addr()}})
+	t.Cleanup(func() { _ = ring.Close() })
+
+	for name, rdb := range map[string]redis.UniversalClient{"single": single, "ring": ring} {
+		s := feeds.NewStore(rdb, feeds.Config{InboxCap: limit})
+		seed := rand.Uint64()
+		t.Logf("%s: seed %d", name, seed)
+		rng := rand.New(rand.NewPCG(seed, 0))
+		require.NoError(t, single.FlushDB(ctx).Err())
+		randPosts := func(k int) []domain.PostID {
+			ps := make([]domain.PostID, rng.IntN(k+1))
+			for i := range ps {
+				ps[i] = domain.PostID(1 + rng.IntN(60))
+			}
+			return ps
+		}
+		key := func(u domain.UserID) string { return "feed:v1:{" + strconv.Itoa(int(u)) + "}:in" }
+		models := make([]inboxModel, users+1)
+		var seq uint64
+		for batch := range 150 {
+			var items []feeds.Item
+			for range 1 + rng.IntN(8) {
+				seq++
+				if rng.IntN(10) == 0 {
+					// Long items for everyone: more than one script run's worth.
+					for u := domain.UserID(1); u <= users; u++ {
+						items = append(items, feeds.Item{Recipient: u, Seq: seq, Op: feeds.OpMerge, Floor: int64(rng.IntN(30)), Posts: randPosts(60)})
+					}
+					continue
+				}
+				if rng.IntN(2) == 0 {
+					// A fan-out: one push or removal to many recipients.
+					op := feeds.OpPush
+					if rng.IntN(4) == 0 {
+						op = feeds.OpRemove
+					}
+					post := domain.PostID(1 + rng.IntN(60))
+					for u := domain.UserID(1); u <= users; u++ {
+						if rng.IntN(3) > 0 {
+							items = append(items, feeds.Item{Recipient: u, Seq: seq, Op: op, Posts: ids(post)})
+						}
+					}
+					continue
+				}
+				u := domain.UserID(1 + rng.IntN(users))
+				floor := int64(rng.IntN(30))
+				it := feeds.Item{Recipient: u, Seq: seq, Floor: floor}
+				if rng.IntN(4) == 0 {
+					it.Seq-- // a redelivery or an older item
+				}
+				switch rng.IntN(6) {
+				case 0:
+					it.Op, it.Posts = feeds.OpPush, ids(domain.PostID(1+rng.IntN(60)))
+				case 1:
+					it.Op, it.Posts = feeds.OpMerge, randPosts(60)
+				case 2:
+					it.Op, it.Posts = feeds.OpUnmerge, randPosts(6)
+				default:
+					it.Op, it.Posts = feeds.OpMaterialise, randPosts(20)
+				}
+				items = append(items, it)
+			}
+			for u := domain.UserID(1); u <= users; u++ {
+				if rng.IntN(60) == 0 {
+					require.NoError(t, single.Del(ctx, key(u)).Err()) // it expired
+					models[u] = inboxModel{}
+				}
+			}
+			for _, it := range items {
+				models[it.Recipient].apply(it, limit)
+			}
+			_, err := s.ApplyItems(ctx, items)
+			require.NoError(t, err)
+			for u := domain.UserID(1); u <= users; u++ {
+				require.Equal(t, models[u].state(), readInbox(t, s, u), "%s: batch %d, user %d", name, batch, u)
+				if models[u].exists {
+					enc, err := single.ObjectEncoding(ctx, key(u)).Result()
+					require.NoError(t, err)
+					require.Equal(t, "listpack", enc, "%s: batch %d, user %d", name, batch, u)
+				}
+			}
+		}
+	}
+}
+
 // TestOutboxAgainstModel adds and removes random posts and compares the
 // outbox with "add if not below the floor, then trim to the cap".
 func TestOutboxAgainstModel(t *testing.T) {

@@ -1,73 +1,199 @@
--- Applies one recipient's work items, in order, to their inbox, atomically.
+-- Applies work items to the inboxes of one or more recipients: each
+-- recipient's items in order, the whole call atomically.
 --
--- KEYS[1]  the inbox, feed:v<N>:{<uid>}:in
--- ARGV[1]  the inbox cap (posts kept)
--- ARGV[2]  the inbox TTL in milliseconds (set when materialising)
--- ARGV[3..] the items, each: op, seq, floor, n, post_1 .. post_n
---           op: 1 push, 2 remove, 3 merge, 4 unmerge, 5 materialise,
---           6 reconcile, which is followed by m, allowed_1 .. allowed_m
+-- KEYS[1..k] the recipients' inboxes, feed:v<N>:{<uid>}:in
+-- ARGV[1]    the inbox cap (posts kept)
+-- ARGV[2]    the inbox TTL in milliseconds (set when materialising)
+-- ARGV[3]    l, the number of item lists that follow
+-- then       the l lists, each: m, then m items, each: op, seq, floor, n,
+--            post_1 .. post_n
+--            op: 1 push, 2 remove, 3 merge, 4 unmerge, 5 materialise,
+--            6 reconcile, which is followed by a, allowed_1 .. allowed_a
+-- then       if l > 1, for each key in turn the number (1..l) of its list
+--
+-- One call carries many recipients, and recipients with the same items (the
+-- followers a post is pushed to) share one list, so that a fan-out pays for
+-- the script's entry and for reading the items once per call, not per push.
+-- Redis Cluster refuses keys of different slots in one call, and every user's
+-- keys are in their own slot: there the caller sends one recipient per call.
 --
 -- The inbox holds post ids as members scored by themselves (>= 1) and two
 -- specials with negative scores, so they sort below every post (ranks 0 and 1):
 -- "f" = -(floor+1), the inbox is exactly the feed's posts with id >= floor; and
 -- "s" = -(seq+1), the log sequence of the last item applied. An item whose seq
 -- is not above it was applied before and is skipped. Only materialise creates
--- an inbox; every other op on a missing inbox is skipped.
+-- an inbox (with both specials); every other op on a missing inbox is skipped.
+--
+-- A push costs three commands when the inbox has room (read the specials,
+-- count the posts, add the post with the new "s") and six when it is full; the
+-- zset never holds more than the cap and the two specials, not even for a
+-- moment.
 --
 -- Numbers go back to Redis through num(): Lua's own number-to-string
 -- conversion keeps 14 digits, and ids have up to 16.
 --
 -- Returns {items applied, entries reconcile had to repair}.
 
-local key = KEYS[1]
+-- Globals, as locals: the hot loop reads them for every push.
+local rcall, tonumber, format, unpack = redis.call, tonumber, string.format, unpack
+local KEYS, ARGV = KEYS, ARGV
+
 local cap = tonumber(ARGV[1])
 local ttl = ARGV[2]
 
 local function num(x)
-  return string.format('%d', x)
+  return format('%d', x)
 end
 
-local exists, floor, seq = false, 0, 0
-do
-  local sc = redis.call('ZMSCORE', key, 'f', 's')
-  if sc[1] then
-    exists = true
-    floor = -tonumber(sc[1]) - 1
-    if sc[2] then seq = -tonumber(sc[2]) - 1 end
+-- The item lists, read once: each item is {op, seq, floor, first, last,
+-- afirst, alast, p, s}, where first .. last and afirst .. alast are the ARGV
+-- indices of its posts and allowed posts, p is its only post as a number
+-- (if it has one) and s is "s"'s score after it. A list that is a lone push
+-- has it as its field push, with its post as a string in post.
+local lists = {}
+local i = 4
+for l = 1, tonumber(ARGV[3]) do
+  local list = {}
+  for k = 1, tonumber(ARGV[i]) do
+    local op, seq = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    local it = {op = op, seq = seq, floor = tonumber(ARGV[i + 3]), s = num(-(seq + 1))}
+    it.first, it.last = i + 5, i + 4 + tonumber(ARGV[i + 4])
+    i = it.last
+    it.afirst, it.alast = 0, -1
+    if op == 6 then
+      it.afirst, it.alast = i + 2, i + 1 + tonumber(ARGV[i + 1])
+      i = it.alast
+    end
+    if it.first == it.last then it.p = tonumber(ARGV[it.first]) end
+    list[k] = it
+  end
+  -- A lone push: what a post's fan-out gives each follower.
+  if #list == 1 and list[1].op == 1 and list[1].p then
+    list.push = list[1]
+    list[1].post = ARGV[list[1].first]
+  end
+  lists[l] = list
+  i = i + 1
+end
+-- With more than one list, ARGV[i + r - 1] is the list of KEYS[r].
+local shared = #lists == 1 and lists[1]
+
+-- The inbox being changed and what is known of it.
+local key            -- KEYS[r]
+local exists         -- whether it is materialised
+local floor, seq     -- its specials, as they will be saved
+local sscore         -- "s"'s score for seq, or nil if seq did not change
+local saved          -- the floor as stored (nil: none stored yet)
+local count          -- its posts, or nil when not known
+local dirty          -- whether an item was applied since the last save
+local pend, npend = {}, 0 -- ZADD arguments (score, member, ...) not yet sent
+
+-- flush sends the queued ZADD. Adds are queued so that a push's post and the
+-- new "s" go in one command.
+local function flush()
+  if npend > 0 then
+    rcall('ZADD', key, unpack(pend, 1, npend))
+    npend = 0
   end
 end
 
--- put adds the posts ARGV[first .. last] that are >= min, keeping the cap
--- newest posts; if any had to go, the floor becomes the oldest kept. It makes
--- room before it adds, so the zset never holds more than the cap and the two
--- specials: one that outgrew zset-max-listpack-entries even for a moment would
--- keep the large encoding for good.
-local function put(first, last, min)
+-- call runs a command on the inbox after the queued adds, so it sees them.
+local function call(cmd, ...)
+  flush()
+  return rcall(cmd, key, ...)
+end
+
+-- queue adds member (a post id or a special) with score to the next ZADD.
+local function queue(score, member)
+  pend[npend + 1], pend[npend + 2] = score, member
+  npend = npend + 2
+  if npend >= 1000 then flush() end
+end
+
+-- posts is the number of posts in the inbox: its entries but the specials,
+-- which an inbox always has both of.
+local function posts()
+  if not count then count = call('ZCARD') - 2 end
+  return count
+end
+
+-- putOne adds post p (pn its number) if it is >= min, as put does, in as few
+-- commands as it takes: the case of a push. It returns false, having done
+-- nothing, if the inbox holds more than the cap (which was lowered): put trims.
+local function putOne(p, pn, min)
+  if pn < min then return true end
+  local n = posts()
+  if n < cap then
+    -- Whether the inbox has it already does not matter: adding it again
+    -- changes nothing. How many posts it has is then not known.
+    queue(p, p)
+    count = nil
+    return true
+  end
+  if n > cap then return false end
+  -- Full: its oldest goes to make room, unless p is older or it has p.
+  local old = call('ZRANGE', 2, 3)
+  local o1, o2 = tonumber(old[1]), tonumber(old[2])
+  if pn <= o1 then
+    if pn < o1 then floor = o1 end -- p goes at once; o1 is the oldest kept
+    return true
+  end
+  -- Newer than its newest, p is not in it; else it is looked up (a scan).
+  if pn <= tonumber(call('ZRANGE', -1, -1)[1]) and call('ZSCORE', p) then return true end
+  call('ZREMRANGEBYRANK', 2, 2)
+  if o2 and o2 < pn then floor = o2 else floor = pn end
+  queue(p, p)
+  return true
+end
+
+-- put adds the item's posts that are >= min, keeping the cap newest posts;
+-- if any had to go, the floor becomes the oldest kept. It makes room before
+-- it adds, so the zset never holds more than the cap and the two specials: one
+-- that outgrew zset-max-listpack-entries even for a moment would keep the
+-- large encoding for good.
+local function put(it, min)
+  if it.p and putOne(ARGV[it.first], it.p, min) then return end
   local cand, seen = {}, {}
-  for j = first, last do
+  for j = it.first, it.last do
     local p = ARGV[j]
     if not seen[p] and tonumber(p) >= min then
       seen[p] = true
       cand[#cand + 1] = p
     end
   end
-  local new = {} -- the posts the inbox does not have yet
-  for c = 1, #cand, 500 do
+  if #cand == 0 then return end
+  local n = posts()
+  if n + #cand <= cap then
+    -- Room for all of them (see putOne).
+    for j = 1, #cand do queue(cand[j], cand[j]) end
+    count = nil
+    return
+  end
+
+  -- The posts the inbox does not have yet. Those newer than its newest (a
+  -- push's post, as a rule) are new without a lookup, which would scan it.
+  local new, ask = {}, {}
+  local newest = 0
+  if n > 0 then newest = tonumber(call('ZRANGE', -1, -1)[1]) end
+  for j = 1, #cand do
+    if tonumber(cand[j]) > newest then new[#new + 1] = cand[j] else ask[#ask + 1] = cand[j] end
+  end
+  for c = 1, #ask, 500 do
     local chunk = {}
-    for j = c, math.min(c + 499, #cand) do chunk[#chunk + 1] = cand[j] end
-    local sc = redis.call('ZMSCORE', key, unpack(chunk))
+    for j = c, math.min(c + 499, #ask) do chunk[#chunk + 1] = ask[j] end
+    local sc = call('ZMSCORE', unpack(chunk))
     for j = 1, #chunk do
       if not sc[j] then new[#new + 1] = chunk[j] end
     end
   end
   table.sort(new, function(a, b) return tonumber(a) < tonumber(b) end)
 
-  local n = redis.call('ZCARD', key) - 2
   local drop = n + #new - cap
   local skip = 0 -- the oldest new posts, which are not added
   if drop > 0 then
-    -- The drop oldest of the inbox and the new posts go.
-    local old = redis.call('ZRANGE', key, 2, 1 + math.min(drop, n))
+    -- The drop oldest of the inbox and the new posts go. One more of the
+    -- inbox's is read: if it stays, it may be the oldest kept.
+    local old = call('ZRANGE', 2, 2 + math.min(drop, n))
     local cut = 0
     for _ = 1, drop do
       if cut < #old and (skip >= #new or tonumber(old[cut + 1]) < tonumber(new[skip + 1])) then
@@ -76,128 +202,154 @@ local function put(first, last, min)
         skip = skip + 1
       end
     end
-    if cut > 0 then redis.call('ZREMRANGEBYRANK', key, 2, 1 + cut) end
+    if cut > 0 then call('ZREMRANGEBYRANK', 2, 1 + cut) end
+    -- The floor becomes the oldest kept, the inbox's or a new one.
+    local a, b = tonumber(old[cut + 1]), tonumber(new[skip + 1])
+    if a and (not b or a < b) then floor = a else floor = b end
+    count = cap
+  else
+    count = n + #new
   end
-  local args = {}
-  for j = skip + 1, #new do
-    args[#args + 1] = new[j]
-    args[#args + 1] = new[j]
-    if #args >= 1000 then
-      redis.call('ZADD', key, unpack(args))
-      args = {}
-    end
-  end
-  if #args > 0 then redis.call('ZADD', key, unpack(args)) end
-  if drop > 0 then
-    floor = tonumber(redis.call('ZRANGE', key, 2, 2)[1])
-  end
+  for j = skip + 1, #new do queue(new[j], new[j]) end
 end
 
--- remove takes ARGV[first .. last] out of the inbox.
-local function remove(first, last)
-  local args = {}
-  for j = first, last do
+-- remove takes the item's posts out of the inbox.
+local function remove(it)
+  local args, gone = {}, 0
+  for j = it.first, it.last do
     args[#args + 1] = ARGV[j]
-    if #args >= 1000 then
-      redis.call('ZREM', key, unpack(args))
+    if #args >= 1000 or j == it.last then
+      gone = gone + call('ZREM', unpack(args))
       args = {}
     end
   end
-  if #args > 0 then redis.call('ZREM', key, unpack(args)) end
+  if count then count = count - gone end
 end
 
 -- raise lifts the floor to f, dropping the posts below it (never the specials).
 local function raise(f)
   if f > floor then
-    redis.call('ZREMRANGEBYSCORE', key, '0', '(' .. num(f))
+    local gone = call('ZREMRANGEBYSCORE', '0', '(' .. num(f))
+    if count then count = count - gone end
     floor = f
   end
 end
 
+-- save stores the specials that changed, with the queued adds.
 local function save()
-  redis.call('ZADD', key, num(-(floor + 1)), 'f', num(-(seq + 1)), 's')
+  if floor ~= saved then
+    queue(num(-(floor + 1)), 'f')
+    saved = floor
+  end
+  if sscore then
+    queue(sscore, 's')
+    sscore = nil
+  end
+  flush()
+  dirty = false
 end
 
--- reconcile makes the inbox exactly the posts ARGV[first .. last] above the
--- higher of its floor and f, and counts what it had to change: entries above
--- that floor that should not be there (unless allowed: a big account's older
--- posts, which reads merge anyway), entries missing, and the entries beyond the
--- cap of those that remain. Entries below the floor are dropped uncounted when
--- the inbox is within its cap: the planner cannot vouch for them, but they are
--- not wrong.
-local function reconcile(first, last, f, afirst, alast)
-  f = math.max(floor, f)
+-- reconcile makes the inbox exactly the item's posts above the higher of its
+-- floor and the item's, and counts what it had to change: entries above that
+-- floor that should not be there (unless allowed: a big account's older posts,
+-- which reads merge anyway), entries missing, and the entries beyond the cap of
+-- those that remain. Entries below the floor are dropped uncounted when the
+-- inbox is within its cap: the planner cannot vouch for them, but they are not
+-- wrong.
+local function reconcile(it)
+  local f = math.max(floor, it.floor)
   local want, allowed, repairs = {}, {}, 0
-  for j = first, last do
+  for j = it.first, it.last do
     if tonumber(ARGV[j]) >= f then want[ARGV[j]] = true end
   end
-  for j = afirst, alast do allowed[ARGV[j]] = true end
-  local have = redis.call('ZRANGE', key, 2, -1)
+  for j = it.afirst, it.alast do allowed[ARGV[j]] = true end
+  local have = call('ZRANGE', 2, -1)
   local present, remaining = {}, 0
   for _, p in ipairs(have) do
     present[p] = true
     if tonumber(p) >= f and not want[p] and not allowed[p] then
-      redis.call('ZREM', key, p)
+      call('ZREM', p)
       repairs = repairs + 1
     else
       remaining = remaining + 1
     end
   end
+  count = remaining
   if remaining > cap then repairs = repairs + remaining - cap end
   for p in pairs(want) do
     if not present[p] then repairs = repairs + 1 end
   end
   raise(f)
-  put(first, last, floor)
+  put(it, floor)
   return repairs
 end
 
-local applied, repaired, dirty = 0, 0, false
-local i = 3
-while i <= #ARGV do
-  local op = tonumber(ARGV[i])
-  local iseq = tonumber(ARGV[i + 1])
-  local ifloor = tonumber(ARGV[i + 2])
-  local first, last = i + 4, i + 3 + tonumber(ARGV[i + 3])
-  i = last + 1
-  local afirst, alast = 0, -1
-  if op == 6 then
-    afirst, alast = i + 1, i + tonumber(ARGV[i])
-    i = alast + 1
-  end
-  if op == 6 then
-    -- At the planner's position, which the inbox may already have reached.
-    if exists and iseq >= seq then
-      repaired = repaired + reconcile(first, last, ifloor, afirst, alast)
-      seq = iseq
-      applied, dirty = applied + 1, true
-    end
-  elseif op == 5 then
-    if not exists then
-      exists, floor, seq = true, ifloor, iseq
-      save()
-      put(first, last, floor)
-      redis.call('PEXPIRE', key, ttl)
-      applied, dirty = applied + 1, true
-    end
-  elseif op < 1 or op > 6 then
-    if dirty then save() end
-    return redis.error_reply('ERR feed apply: unknown op ' .. num(op))
-  elseif exists and iseq > seq then
-    if op == 1 then
-      put(first, last, floor)
-    elseif op == 2 then
-      remove(first, last)
-    elseif op == 3 then
-      raise(math.max(floor, ifloor))
-      put(first, last, floor)
-    else
-      remove(first, last)
-      raise(math.max(floor, ifloor))
-    end
-    seq = iseq
-    applied, dirty = applied + 1, true
+-- load reads the specials of the inbox.
+local function load()
+  exists, floor, seq, sscore, saved, count, dirty = false, 0, 0, nil, nil, nil, false
+  local sc = rcall('ZMSCORE', key, 'f', 's')
+  if sc[1] then
+    exists = true
+    floor = -tonumber(sc[1]) - 1
+    saved = floor
+    if sc[2] then seq = -tonumber(sc[2]) - 1 end
   end
 end
-if dirty then save() end
+
+local applied, repaired = 0, 0
+
+for r = 1, #KEYS do
+  key = KEYS[r]
+  local list = shared or lists[tonumber(ARGV[i + r - 1])]
+  local lone = list.push
+  load()
+  if lone and exists and lone.seq > seq and lone.p >= floor then
+    count = rcall('ZCARD', key) - 2
+  end
+  if lone and count and count < cap then
+    -- The bulk of a fan-out, inline: a lone push into an inbox with room for
+    -- its post takes one more command, a ZADD of the post and "s".
+    rcall('ZADD', key, lone.post, lone.post, lone.s, 's')
+    applied = applied + 1
+  else
+    for k = 1, #list do
+      local it = list[k]
+      local op = it.op
+      if op == 6 then
+        -- At the planner's position, which the inbox may already have reached.
+        if exists and it.seq >= seq then
+          repaired = repaired + reconcile(it)
+          seq, sscore = it.seq, it.s
+          applied, dirty = applied + 1, true
+        end
+      elseif op == 5 then
+        if not exists then
+          exists, floor, seq, sscore, count = true, it.floor, it.seq, it.s, 0
+          put(it, floor)
+          save()
+          call('PEXPIRE', ttl)
+          applied = applied + 1
+        end
+      elseif op < 1 or op > 6 then
+        if dirty then save() end
+        return redis.error_reply('ERR feed apply: unknown op ' .. num(op))
+      elseif exists and it.seq > seq then
+        if op == 1 then
+          put(it, floor)
+        elseif op == 2 then
+          remove(it)
+        elseif op == 3 then
+          raise(math.max(floor, it.floor))
+          put(it, floor)
+        else
+          remove(it)
+          raise(math.max(floor, it.floor))
+        end
+        seq, sscore = it.seq, it.s
+        applied, dirty = applied + 1, true
+      end
+    end
+    if dirty then save() end
+  end
+end
 return {applied, repaired}
