@@ -1,32 +1,235 @@
 package readmodel
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections"
 )
 
-// plan is a batch reduced to its net effect on the read model, to be applied
-// as a few set-based statements instead of one statement per event. Applied in
-// the order posts, edits, likes, comments, deletes, follows, it leaves the same
-// rows as applying the events one by one, because the reduction drops what the
-// one-by-one statements would have found to be no-ops by then:
-//   - events about a post that come before its creation in the batch (the post
-//     did not exist yet), and those after its first deletion (it is gone);
-//   - all but the last edit of a post, and all but the first deletion;
-//   - all but the last like or unlike of each (user, post).
+// A batch is applied in two round trips inside its transaction. The first
+// locks the checkpoint and reads the rows the batch is about (state); the
+// batch is then played against that state in memory, event by event, with
+// exactly the rules of the one-event statements (queue), and what changed is
+// written by a few set-based statements (plan). Nothing else writes the read
+// model, and every writer holds the checkpoint lock, so the state read is the
+// state the writes meet.
 //
-// What depends on the state before the batch (is the post live, is it liked)
-// is left to the statements, which check it.
+// The statements are keyed lookups and writes that need no table statistics
+// to be planned well: a replay into new tables has none, and a plan that scans
+// a table per batch makes a replay quadratic.
+
+// likeKey is one (post, user) like.
+type likeKey struct {
+	post domain.PostID
+	user domain.UserID
+}
+
+// keys are the rows whose state a batch needs: the posts it names but does
+// not create, their likes, its follow pairs. What a batch creates (posts,
+// comments) is taken to be new, and inserted without ON CONFLICT: were one
+// there already, a duplicate of an earlier event, the insert fails and the
+// batch is applied event by event (see Apply).
+type keys struct {
+	posts                []int64
+	likePosts, likeUsers []int64
+	followers, followees []int64
+}
+
+// keysOf lists the rows batch needs the state of, each once.
+func keysOf(batch []events.Record) keys {
+	var k keys
+	created := make(map[domain.PostID]bool, len(batch)/4)
+	for _, rec := range batch {
+		if e, ok := rec.Event.(events.PostCreated); ok {
+			created[e.PostID] = true
+		}
+	}
+	posts := make(map[domain.PostID]struct{}, len(batch))
+	likes := make(map[likeKey]struct{}, len(batch)/2)
+	follows := make(map[projections.FollowPair]struct{}, len(batch)/2)
+	post := func(id domain.PostID) bool {
+		if created[id] {
+			return false
+		}
+		if _, ok := posts[id]; !ok {
+			posts[id] = struct{}{}
+			k.posts = append(k.posts, int64(id))
+		}
+		return true
+	}
+	like := func(l likeKey) {
+		if !post(l.post) {
+			return
+		}
+		if _, ok := likes[l]; !ok {
+			likes[l] = struct{}{}
+			k.likePosts, k.likeUsers = append(k.likePosts, int64(l.post)), append(k.likeUsers, int64(l.user))
+		}
+	}
+	follow := func(f projections.FollowPair) {
+		if _, ok := follows[f]; !ok {
+			follows[f] = struct{}{}
+			k.followers, k.followees = append(k.followers, int64(f.Follower)), append(k.followees, int64(f.Followee))
+		}
+	}
+	for _, rec := range batch {
+		switch e := rec.Event.(type) {
+		case events.PostEdited:
+			post(e.PostID)
+		case events.PostDeleted:
+			post(e.PostID)
+		case events.PostLiked:
+			like(likeKey{e.PostID, e.UserID})
+		case events.PostUnliked:
+			like(likeKey{e.PostID, e.UserID})
+		case events.CommentAdded:
+			post(e.PostID)
+		case events.UserFollowed:
+			follow(projections.FollowPair{Follower: e.FollowerID, Followee: e.FolloweeID})
+		case events.UserUnfollowed:
+			follow(projections.FollowPair{Follower: e.FollowerID, Followee: e.FolloweeID})
+		}
+	}
+	return k
+}
+
+// The reads of a batch's state: one primary-key lookup per row, as scalar
+// subqueries, which the planner keeps per row. Left to plan a join or a scan
+// itself, it goes by the tables' statistics, and a replay's new tables have
+// none: it would plan to scan a whole table per batch (and, the statements
+// being prepared, keep that plan as the table grows), making a replay
+// quadratic.
+const (
+	readPosts = `SELECT u.id, (SELECT p.deleted_at IS NOT NULL FROM posts p WHERE p.id = u.id)
+		FROM unnest($1::bigint[]) AS u(id)`
+	readLikes = `SELECT u.post_id, u.user_id FROM unnest($1::bigint[], $2::bigint[]) AS u(post_id, user_id)
+		WHERE (SELECT true FROM likes l WHERE l.post_id = u.post_id AND l.user_id = u.user_id)`
+	readFollows = `SELECT u.follower_id, u.followee_id FROM unnest($1::bigint[], $2::bigint[]) AS u(follower_id, followee_id)
+		WHERE (SELECT true FROM follows f WHERE f.follower_id = u.follower_id AND f.followee_id = u.followee_id)`
+)
+
+// state is the read model as a batch finds it, for the rows the batch names.
+type state struct {
+	// posts holds the posts that exist, true for those deleted.
+	posts   map[domain.PostID]bool
+	likes   map[likeKey]bool
+	follows map[projections.FollowPair]bool
+}
+
+// queueReads adds the reads of k's rows to b, those with rows to read, in
+// the order readState takes their results.
+func (k keys) queueReads(b *pgx.Batch) {
+	if len(k.posts) > 0 {
+		b.Queue(readPosts, k.posts)
+	}
+	if len(k.likePosts) > 0 {
+		b.Queue(readLikes, k.likePosts, k.likeUsers)
+	}
+	if len(k.followers) > 0 {
+		b.Queue(readFollows, k.followers, k.followees)
+	}
+}
+
+// readState takes the results of k.queueReads.
+func (k keys) readState(results pgx.BatchResults) (*state, error) {
+	s := &state{
+		posts:   make(map[domain.PostID]bool, len(k.posts)),
+		likes:   map[likeKey]bool{},
+		follows: map[projections.FollowPair]bool{},
+	}
+	var a, b int64
+	var deleted pgtype.Bool
+	if len(k.posts) > 0 {
+		if err := scanEach(results, "posts", func(r pgx.Rows) error {
+			if err := r.Scan(&a, &deleted); err != nil {
+				return err
+			}
+			if deleted.Valid { // NULL: no such post
+				s.posts[domain.PostID(a)] = deleted.Bool
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if len(k.likePosts) > 0 {
+		if err := scanEach(results, "likes", func(r pgx.Rows) error {
+			if err := r.Scan(&a, &b); err != nil {
+				return err
+			}
+			s.likes[likeKey{domain.PostID(a), domain.UserID(b)}] = true
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if len(k.followers) > 0 {
+		if err := scanEach(results, "follows", func(r pgx.Rows) error {
+			if err := r.Scan(&a, &b); err != nil {
+				return err
+			}
+			s.follows[projections.FollowPair{Follower: domain.UserID(a), Followee: domain.UserID(b)}] = true
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// scanEach calls fn for each row of the next result of results.
+func scanEach(results pgx.BatchResults, what string, fn func(pgx.Rows) error) error {
+	rows, err := results.Query()
+	if err != nil {
+		return fmt.Errorf("current %s: %w", what, pgFailure(err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return fmt.Errorf("current %s: %w", what, pgFailure(err))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("current %s: %w", what, pgFailure(err))
+	}
+	return nil
+}
+
+// post is one post as the batch leaves it.
+type post struct {
+	exists, deleted bool
+	// created: the batch inserts the post (with its final values below).
+	created   bool
+	user      domain.UserID
+	createdAt time.Time
+	media     []events.Media
+	// Changes by the batch: the caption and edit time of the last edit (or the
+	// creation's caption), the deletion, the likes and comments it added.
+	caption         string
+	edited          bool
+	editedAt        time.Time
+	deletedNow      bool
+	deletedAt       time.Time
+	likes, comments int32
+}
+
+func (p *post) live() bool { return p.exists && !p.deleted }
+
+// plan is what a batch changes, as the columns of the statements that write
+// it.
 type plan struct {
-	posts struct {
-		ids, users []int64
-		captions   []string
-		created    []time.Time
+	posts struct { // new posts, final
+		ids, users      []int64
+		captions        []string
+		created         []time.Time
+		edited, deleted []pgtype.Timestamptz
+		likes, comments []int32
 	}
 	media struct {
 		posts           []int64
@@ -35,14 +238,11 @@ type plan struct {
 		widths, heights []int32
 		sizes           []int64
 	}
-	edits struct {
-		ids      []int64
-		captions []string
-		at       []time.Time
-	}
-	deletes struct {
-		ids []int64
-		at  []time.Time
+	changes struct { // posts that existed and stay live or are deleted now
+		ids             []int64
+		captions        []pgtype.Text
+		edited, deleted []pgtype.Timestamptz
+		likes, comments []int32
 	}
 	likes, unlikes struct{ posts, users []int64 }
 	comments       struct {
@@ -57,207 +257,205 @@ type plan struct {
 	unfollows struct{ followers, followees []int64 }
 }
 
-type likeKey struct {
-	post domain.PostID
-	user domain.UserID
-}
-
-func reduce(records []events.Record, merged projections.Merged) *plan {
-	p := &plan{}
-	createdAt := map[domain.PostID]int{} // index of a post's creation in the batch
-	deletedAt := map[domain.PostID]int{} // index of its first deletion
-	for i, rec := range records {
-		switch e := rec.Event.(type) {
-		case events.PostCreated:
-			if _, ok := createdAt[e.PostID]; !ok {
-				createdAt[e.PostID] = i
-			}
-		case events.PostDeleted:
-			if _, ok := deletedAt[e.PostID]; !ok {
-				deletedAt[e.PostID] = i
-			}
+// planOf plays records (merged, no-op follows dropped) against the state
+// before them. Each rule is that of the event's statement in queue: a post is
+// created once; edits, deletions, likes, unlikes and comments change a live
+// post only (so a deleted post stays deleted, whatever comes after); a like
+// is added once, an unlike removes one that is there; a comment is added once.
+func planOf(records []events.Record, merged projections.Merged, s *state) *plan {
+	pl := &plan{}
+	// The posts in the order the batch names them, found by id. Each event
+	// names one post at most, so order never grows past its capacity and the
+	// pointers get returns stay valid.
+	order := make([]post, 0, len(records))
+	ids := make([]domain.PostID, 0, len(records))
+	index := make(map[domain.PostID]int, len(records))
+	get := func(id domain.PostID) *post {
+		if i, ok := index[id]; ok {
+			return &order[i]
 		}
+		deleted, exists := s.posts[id]
+		index[id] = len(order)
+		order, ids = append(order, post{exists: exists, deleted: deleted}), append(ids, id)
+		return &order[len(order)-1]
 	}
-	// live tells whether an event at index i about post can have an effect.
-	live := func(post domain.PostID, i int) bool {
-		if c, ok := createdAt[post]; ok && i < c {
+	comments := map[domain.CommentID]bool{} // added by the batch
+	type like struct {
+		key         likeKey
+		before, now bool
+	}
+	var likes []like
+	likeIndex := map[likeKey]int{}
+	setLike := func(k likeKey, liked bool) bool {
+		i, ok := likeIndex[k]
+		if !ok {
+			i = len(likes)
+			likeIndex[k] = i
+			likes = append(likes, like{key: k, before: s.likes[k], now: s.likes[k]})
+		}
+		l := &likes[i]
+		if l.now == liked {
 			return false
 		}
-		if d, ok := deletedAt[post]; ok && i > d {
-			return false
-		}
+		l.now = liked
 		return true
 	}
-	lastEdit := map[domain.PostID]events.PostEdited{}
-	var editOrder []domain.PostID
-	lastLike := map[likeKey]bool{}
-	var likeOrder []likeKey
-	for i, rec := range records {
+	for _, rec := range records {
 		switch e := rec.Event.(type) {
 		case events.PostCreated:
-			if createdAt[e.PostID] != i {
+			p := get(e.PostID)
+			if p.exists {
 				continue
 			}
-			p.posts.ids = append(p.posts.ids, int64(e.PostID))
-			p.posts.users = append(p.posts.users, int64(e.UserID))
-			p.posts.captions = append(p.posts.captions, e.Caption)
-			p.posts.created = append(p.posts.created, e.CreatedAt)
-			for pos, m := range e.Media {
-				p.media.posts = append(p.media.posts, int64(e.PostID))
-				p.media.positions = append(p.media.positions, int16(pos))
-				p.media.keys = append(p.media.keys, m.Key)
-				p.media.types = append(p.media.types, m.ContentType)
-				p.media.widths = append(p.media.widths, int32(m.Width))
-				p.media.heights = append(p.media.heights, int32(m.Height))
-				p.media.sizes = append(p.media.sizes, m.Size)
-			}
+			p.exists, p.created = true, true
+			p.user, p.caption, p.createdAt, p.media = e.UserID, e.Caption, e.CreatedAt, e.Media
 		case events.PostEdited:
-			if !live(e.PostID, i) {
-				continue
+			if p := get(e.PostID); p.live() {
+				p.caption, p.edited, p.editedAt = e.Caption, true, e.EditedAt
 			}
-			if _, ok := lastEdit[e.PostID]; !ok {
-				editOrder = append(editOrder, e.PostID)
-			}
-			lastEdit[e.PostID] = e
 		case events.PostDeleted:
-			if deletedAt[e.PostID] != i || !live(e.PostID, i) {
-				continue
+			if p := get(e.PostID); p.live() {
+				p.deleted, p.deletedNow, p.deletedAt = true, true, e.DeletedAt
 			}
-			p.deletes.ids = append(p.deletes.ids, int64(e.PostID))
-			p.deletes.at = append(p.deletes.at, e.DeletedAt)
-		case events.PostLiked, events.PostUnliked:
-			k, liked := likeOf(e)
-			if !live(k.post, i) {
-				continue
+		case events.PostLiked:
+			if p := get(e.PostID); p.live() && setLike(likeKey{e.PostID, e.UserID}, true) {
+				p.likes++
 			}
-			if _, ok := lastLike[k]; !ok {
-				likeOrder = append(likeOrder, k)
+		case events.PostUnliked:
+			if p := get(e.PostID); p.live() && setLike(likeKey{e.PostID, e.UserID}, false) {
+				p.likes--
 			}
-			lastLike[k] = liked
 		case events.CommentAdded:
-			if !live(e.PostID, i) {
+			p := get(e.PostID)
+			if !p.live() || comments[e.CommentID] {
 				continue
 			}
-			p.comments.ids = append(p.comments.ids, int64(e.CommentID))
-			p.comments.posts = append(p.comments.posts, int64(e.PostID))
-			p.comments.users = append(p.comments.users, int64(e.UserID))
-			p.comments.texts = append(p.comments.texts, e.Text)
-			p.comments.at = append(p.comments.at, e.CreatedAt)
+			comments[e.CommentID] = true
+			p.comments++
+			c := &pl.comments
+			c.ids, c.posts, c.users = append(c.ids, int64(e.CommentID)), append(c.posts, int64(e.PostID)), append(c.users, int64(e.UserID))
+			c.texts, c.at = append(c.texts, e.Text), append(c.at, e.CreatedAt)
 		case events.UserFollowed:
-			f := &p.follows
-			if merged.Restarted[rec.Seq] {
-				f = &p.refollows
+			pair := projections.FollowPair{Follower: e.FollowerID, Followee: e.FolloweeID}
+			f := &pl.follows
+			if s.follows[pair] {
+				// Left by dropNoops only when the batch ended the relation and
+				// began it again: it begins anew.
+				f = &pl.refollows
 			}
-			f.followers = append(f.followers, int64(e.FollowerID))
-			f.followees = append(f.followees, int64(e.FolloweeID))
+			f.followers, f.followees = append(f.followers, int64(e.FollowerID)), append(f.followees, int64(e.FolloweeID))
 			f.since = append(f.since, merged.Since[rec.Seq].Truncate(time.Second))
 		case events.UserUnfollowed:
-			p.unfollows.followers = append(p.unfollows.followers, int64(e.FollowerID))
-			p.unfollows.followees = append(p.unfollows.followees, int64(e.FolloweeID))
+			u := &pl.unfollows
+			u.followers, u.followees = append(u.followers, int64(e.FollowerID)), append(u.followees, int64(e.FolloweeID))
 		}
 	}
-	for _, id := range editOrder {
-		e := lastEdit[id]
-		p.edits.ids = append(p.edits.ids, int64(id))
-		p.edits.captions = append(p.edits.captions, e.Caption)
-		p.edits.at = append(p.edits.at, e.EditedAt)
-	}
-	for _, k := range likeOrder {
-		l := &p.unlikes
-		if lastLike[k] {
-			l = &p.likes
+	for i := range order {
+		p := &order[i]
+		id := int64(ids[i])
+		switch {
+		case p.created:
+			n := &pl.posts
+			n.ids, n.users = append(n.ids, id), append(n.users, int64(p.user))
+			n.captions, n.created = append(n.captions, p.caption), append(n.created, p.createdAt)
+			n.edited = append(n.edited, pgtype.Timestamptz{Time: p.editedAt, Valid: p.edited})
+			n.deleted = append(n.deleted, pgtype.Timestamptz{Time: p.deletedAt, Valid: p.deletedNow})
+			n.likes, n.comments = append(n.likes, p.likes), append(n.comments, p.comments)
+			m := &pl.media
+			for pos, md := range p.media {
+				m.posts, m.positions = append(m.posts, id), append(m.positions, int16(pos))
+				m.keys, m.types = append(m.keys, md.Key), append(m.types, md.ContentType)
+				m.widths, m.heights, m.sizes = append(m.widths, int32(md.Width)), append(m.heights, int32(md.Height)), append(m.sizes, md.Size)
+			}
+		case p.edited || p.deletedNow || p.likes != 0 || p.comments != 0:
+			c := &pl.changes
+			c.ids = append(c.ids, id)
+			c.captions = append(c.captions, pgtype.Text{String: p.caption, Valid: p.edited})
+			c.edited = append(c.edited, pgtype.Timestamptz{Time: p.editedAt, Valid: p.edited})
+			c.deleted = append(c.deleted, pgtype.Timestamptz{Time: p.deletedAt, Valid: p.deletedNow})
+			c.likes, c.comments = append(c.likes, p.likes), append(c.comments, p.comments)
 		}
-		l.posts = append(l.posts, int64(k.post))
-		l.users = append(l.users, int64(k.user))
 	}
-	return p
+	for _, l := range likes {
+		switch {
+		case l.now && !l.before:
+			pl.likes.posts, pl.likes.users = append(pl.likes.posts, int64(l.key.post)), append(pl.likes.users, int64(l.key.user))
+		case !l.now && l.before:
+			pl.unlikes.posts, pl.unlikes.users = append(pl.unlikes.posts, int64(l.key.post)), append(pl.unlikes.users, int64(l.key.user))
+		}
+	}
+	return pl
 }
 
-func likeOf(ev events.Event) (likeKey, bool) {
-	switch e := ev.(type) {
-	case events.PostLiked:
-		return likeKey{e.PostID, e.UserID}, true
-	case events.PostUnliked:
-		return likeKey{e.PostID, e.UserID}, false
-	}
-	return likeKey{}, false
-}
+// planWrites comes first among a batch's writes. They join a few hundred
+// keys of the batch to a table, which only an index nested loop does well;
+// but a replay's new tables have no statistics, and on a table of a few
+// thousand rows the planner picks a hash join over a scan of it, which the
+// prepared statement keeps as the table grows. The settings are local to the
+// transaction.
+const planWrites = `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
+	set_config('enable_seqscan', 'off', true)`
 
-// The set-based statements. Each takes parallel arrays; "live" is checked
-// against the rows as they are when the statement runs.
+// The set-based statements. They insert rows the state says are missing, so
+// they have no ON CONFLICT: a conflict would mean the state was wrong, and
+// the batch is then applied again by the one-event statements (see Apply).
 const (
-	bulkPosts = `INSERT INTO posts (id, user_id, caption, created_at)
-		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[])
-		ON CONFLICT (id) DO NOTHING`
+	bulkPosts = `INSERT INTO posts (id, user_id, caption, created_at, edited_at, deleted_at, like_count, comment_count)
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[], $7::int[], $8::int[])`
 	bulkMedia = `INSERT INTO post_media (post_id, position, media_key, content_type, width, height, size)
-		SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::text[], $4::text[], $5::int[], $6::int[], $7::bigint[])
-		ON CONFLICT DO NOTHING`
-	bulkEdits = `UPDATE posts p SET caption = u.caption, edited_at = u.at
-		FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS u(id, caption, at)
-		WHERE p.id = u.id AND p.deleted_at IS NULL`
-	bulkLikes = `WITH ins AS (
-			INSERT INTO likes (post_id, user_id)
-			SELECT u.post_id, u.user_id FROM unnest($1::bigint[], $2::bigint[]) AS u(post_id, user_id)
-			WHERE EXISTS (SELECT 1 FROM posts WHERE id = u.post_id AND deleted_at IS NULL)
-			ON CONFLICT DO NOTHING RETURNING post_id),
-		del AS (
-			DELETE FROM likes l USING unnest($3::bigint[], $4::bigint[]) AS d(post_id, user_id)
-			WHERE l.post_id = d.post_id AND l.user_id = d.user_id
-				AND EXISTS (SELECT 1 FROM posts WHERE id = d.post_id AND deleted_at IS NULL)
-			RETURNING l.post_id),
-		delta AS (
-			SELECT post_id, sum(n) AS n FROM (
-				SELECT post_id, 1 AS n FROM ins UNION ALL SELECT post_id, -1 FROM del) c
-			GROUP BY post_id)
-		UPDATE posts p SET like_count = p.like_count + delta.n FROM delta WHERE p.id = delta.post_id`
-	bulkComments = `WITH ins AS (
-			INSERT INTO comments (id, post_id, user_id, text, created_at)
-			SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::timestamptz[]) AS c(id, post_id, user_id, text, created_at)
-			WHERE EXISTS (SELECT 1 FROM posts WHERE id = c.post_id AND deleted_at IS NULL)
-			ON CONFLICT (id) DO NOTHING RETURNING post_id),
-		delta AS (SELECT post_id, count(*) AS n FROM ins GROUP BY post_id)
-		UPDATE posts p SET comment_count = p.comment_count + delta.n FROM delta WHERE p.id = delta.post_id`
-	bulkDeletes = `UPDATE posts p SET deleted_at = u.at
-		FROM unnest($1::bigint[], $2::timestamptz[]) AS u(id, at)
-		WHERE p.id = u.id AND p.deleted_at IS NULL`
+		SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::text[], $4::text[], $5::int[], $6::int[], $7::bigint[])`
+	// Only posts the state found live are changed; a NULL leaves a column as
+	// it is.
+	bulkChanges = `UPDATE posts p SET
+			caption = coalesce(u.caption, p.caption),
+			edited_at = coalesce(u.edited_at, p.edited_at),
+			deleted_at = coalesce(u.deleted_at, p.deleted_at),
+			like_count = p.like_count + u.likes,
+			comment_count = p.comment_count + u.comments
+		FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::int[], $6::int[])
+			AS u(id, caption, edited_at, deleted_at, likes, comments)
+		WHERE p.id = u.id`
+	bulkLikes   = `INSERT INTO likes (post_id, user_id) SELECT * FROM unnest($1::bigint[], $2::bigint[])`
+	bulkUnlikes = `DELETE FROM likes l USING unnest($1::bigint[], $2::bigint[]) AS u(post_id, user_id)
+		WHERE l.post_id = u.post_id AND l.user_id = u.user_id`
+	bulkComments = `INSERT INTO comments (id, post_id, user_id, text, created_at)
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::timestamptz[])`
 	bulkFollows = `INSERT INTO follows (follower_id, followee_id, created_at)
-		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) ON CONFLICT DO NOTHING`
-	bulkRefollows = `INSERT INTO follows (follower_id, followee_id, created_at)
-		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[])
-		ON CONFLICT (follower_id, followee_id) DO UPDATE SET created_at = EXCLUDED.created_at`
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[])`
+	bulkRefollows = `UPDATE follows f SET created_at = u.since
+		FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(follower_id, followee_id, since)
+		WHERE f.follower_id = u.follower_id AND f.followee_id = u.followee_id`
 	bulkUnfollows = `DELETE FROM follows f USING unnest($1::bigint[], $2::bigint[]) AS u(follower_id, followee_id)
 		WHERE f.follower_id = u.follower_id AND f.followee_id = u.followee_id`
 )
 
-// queueBulk adds the plan's statements to b, skipping empty ones.
-func (p *plan) queueBulk(b *pgx.Batch) {
-	if len(p.posts.ids) > 0 {
-		b.Queue(bulkPosts, p.posts.ids, p.posts.users, p.posts.captions, p.posts.created)
+// queueWrites adds the plan's statements to b, skipping empty ones.
+func (pl *plan) queueWrites(b *pgx.Batch) {
+	if n := &pl.posts; len(n.ids) > 0 {
+		b.Queue(bulkPosts, n.ids, n.users, n.captions, n.created, n.edited, n.deleted, n.likes, n.comments)
 	}
-	if len(p.media.posts) > 0 {
-		m := p.media
+	if m := &pl.media; len(m.posts) > 0 {
 		b.Queue(bulkMedia, m.posts, m.positions, m.keys, m.types, m.widths, m.heights, m.sizes)
 	}
-	if len(p.edits.ids) > 0 {
-		b.Queue(bulkEdits, p.edits.ids, p.edits.captions, p.edits.at)
+	if c := &pl.changes; len(c.ids) > 0 {
+		b.Queue(bulkChanges, c.ids, c.captions, c.edited, c.deleted, c.likes, c.comments)
 	}
-	if len(p.likes.posts)+len(p.unlikes.posts) > 0 {
-		b.Queue(bulkLikes, p.likes.posts, p.likes.users, p.unlikes.posts, p.unlikes.users)
+	if len(pl.likes.posts) > 0 {
+		b.Queue(bulkLikes, pl.likes.posts, pl.likes.users)
 	}
-	if len(p.comments.ids) > 0 {
-		c := p.comments
+	if len(pl.unlikes.posts) > 0 {
+		b.Queue(bulkUnlikes, pl.unlikes.posts, pl.unlikes.users)
+	}
+	if c := &pl.comments; len(c.ids) > 0 {
 		b.Queue(bulkComments, c.ids, c.posts, c.users, c.texts, c.at)
 	}
-	if len(p.deletes.ids) > 0 {
-		b.Queue(bulkDeletes, p.deletes.ids, p.deletes.at)
+	if f := &pl.follows; len(f.followers) > 0 {
+		b.Queue(bulkFollows, f.followers, f.followees, f.since)
 	}
-	if len(p.follows.followers) > 0 {
-		b.Queue(bulkFollows, p.follows.followers, p.follows.followees, p.follows.since)
+	if f := &pl.refollows; len(f.followers) > 0 {
+		b.Queue(bulkRefollows, f.followers, f.followees, f.since)
 	}
-	if len(p.refollows.followers) > 0 {
-		b.Queue(bulkRefollows, p.refollows.followers, p.refollows.followees, p.refollows.since)
-	}
-	if len(p.unfollows.followers) > 0 {
-		b.Queue(bulkUnfollows, p.unfollows.followers, p.unfollows.followees)
+	if u := &pl.unfollows; len(u.followers) > 0 {
+		b.Queue(bulkUnfollows, u.followers, u.followees)
 	}
 }

@@ -80,9 +80,10 @@ func (p *Projector) Verify(ctx context.Context) error {
 	return nil
 }
 
-// Apply implements projections.Projector. A batch is applied as a few
-// set-based statements (see plan); if one of them fails on the data, the batch
-// is applied again event by event, which names the event at fault.
+// Apply implements projections.Projector. A batch is played against the rows
+// it is about and written as a few set-based statements (see plan); if one of
+// them fails on the data, the batch is applied again event by event, which
+// names the event at fault.
 func (p *Projector) Apply(ctx context.Context, batch []events.Record) error {
 	err := p.apply(ctx, batch, true)
 	if isDataError(err) {
@@ -91,51 +92,77 @@ func (p *Projector) Apply(ctx context.Context, batch []events.Record) error {
 	return err
 }
 
-func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool) error {
-	tx, err := p.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("begin: %w", pgFailure(err))
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+// Statements that lock the checkpoint row, creating it on the first batch: a
+// concurrent instance waits here, then sees the new checkpoint and skips what
+// this one applied.
+const (
+	createCheckpoint = `INSERT INTO projector_checkpoints (projector, position) VALUES ($1, 0)
+		ON CONFLICT (projector) DO NOTHING`
+	lockCheckpoint    = `SELECT position FROM projector_checkpoints WHERE projector = $1 FOR UPDATE`
+	advanceCheckpoint = `UPDATE projector_checkpoints SET position = $2, updated_at = now() WHERE projector = $1`
+)
 
-	// Lock the checkpoint: a concurrent instance waits here, then sees the new
-	// checkpoint and skips what this one applied.
-	if _, err := tx.Exec(ctx, `INSERT INTO projector_checkpoints (projector, position) VALUES ($1, 0)
-		ON CONFLICT (projector) DO NOTHING`, ProjectorName); err != nil {
-		return fmt.Errorf("checkpoint row: %w", pgFailure(err))
+// apply runs a batch in one transaction of two round trips: BEGIN, the lock
+// and the reads; then the writes, the checkpoint and COMMIT. The transaction
+// statements travel in the pipelines rather than on round trips of their own.
+func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool) error {
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connect: %w", pgFailure(err))
 	}
-	var cp int64
-	if err := tx.QueryRow(ctx, `SELECT position FROM projector_checkpoints WHERE projector = $1 FOR UPDATE`,
-		ProjectorName).Scan(&cp); err != nil {
-		return fmt.Errorf("lock checkpoint: %w", pgFailure(err))
+	defer conn.Release()
+	// A batch that stops half-way leaves its transaction open or aborted.
+	// (Were the rollback lost, the pool drops a connection released in a
+	// transaction.)
+	defer func() {
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+
+	// The lock, then (after whatever another instance committed) the rows the
+	// events after this projector's checkpoint are about.
+	applied := p.applied.Load()
+	expected := batch[after(batch, applied):]
+	keys := keysOf(expected)
+	var reads pgx.Batch
+	reads.Queue("BEGIN")
+	reads.Queue(createCheckpoint, ProjectorName)
+	reads.Queue(lockCheckpoint, ProjectorName)
+	keys.queueReads(&reads)
+	cp, st, err := lockAndRead(conn.SendBatch(ctx, &reads), keys)
+	if err != nil {
+		return err
 	}
-	if applied := p.applied.Load(); uint64(cp) < applied {
+	if uint64(cp) < applied {
 		return fmt.Errorf("at %d, applied %d: %w", cp, applied, errWentBack)
 	}
-	fresh := batch[:0:0]
-	for _, rec := range batch {
-		if rec.Seq > uint64(cp) {
-			fresh = append(fresh, rec)
-		}
-	}
+	fresh := batch[after(batch, uint64(cp)):]
 	if len(fresh) == 0 {
 		p.applied.Store(uint64(cp)) // another instance applied them
 		return nil
 	}
+	if len(fresh) < len(expected) {
+		// Another instance applied the first events meanwhile. The state was
+		// read taking what they create to be new (see keys): read it again
+		// for the events left, under the lock still.
+		keys = keysOf(fresh)
+		var again pgx.Batch
+		keys.queueReads(&again)
+		if st, err = readAll(conn.SendBatch(ctx, &again), keys); err != nil {
+			return err
+		}
+	}
 
 	merged := projections.MergeFollows(fresh)
-	records, noops, err := p.dropNoopFollows(ctx, tx, merged)
-	if err != nil {
-		return err
-	}
+	records, noops := dropNoops(merged, st.follows)
 	p.metrics.CountMerged(ProjectorName, merged.Collapsed, noops)
 
-	var (
-		b     pgx.Batch
-		owner []uint64 // the event of each queued statement, 0 for several
-	)
+	var b pgx.Batch
+	b.Queue(planWrites)
+	owner := []uint64{0} // the event of each queued statement, 0 for none or several
 	if bulk {
-		reduce(records, merged).queueBulk(&b)
+		planOf(records, merged, st).queueWrites(&b)
 		owner = make([]uint64, b.Len())
 	} else {
 		for _, rec := range records {
@@ -144,11 +171,11 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 			}
 		}
 	}
-	b.Queue(`UPDATE projector_checkpoints SET position = $2, updated_at = now() WHERE projector = $1`,
-		ProjectorName, int64(fresh[len(fresh)-1].Seq))
+	b.Queue(advanceCheckpoint, ProjectorName, int64(fresh[len(fresh)-1].Seq))
+	b.Queue("COMMIT")
 	owner = append(owner, 0)
 
-	results := tx.SendBatch(ctx, &b)
+	results := conn.SendBatch(ctx, &b)
 	for _, seq := range owner {
 		if _, err := results.Exec(); err != nil {
 			_ = results.Close()
@@ -158,51 +185,72 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 			return fmt.Errorf("apply: %w", pgFailure(err))
 		}
 	}
-	if err := results.Close(); err != nil {
-		return fmt.Errorf("apply: %w", pgFailure(err))
+	tag, err := results.Exec()
+	if closeErr := results.Close(); err == nil {
+		err = closeErr
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err != nil {
 		return fmt.Errorf("commit: %w", pgFailure(err))
+	}
+	if tag.String() != "COMMIT" { // ROLLBACK: the transaction had failed
+		return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
 	}
 	p.applied.Store(fresh[len(fresh)-1].Seq)
 	return nil
 }
 
-// dropNoopFollows removes the follow events whose net effect is the current
-// state: following someone already followed (unless the batch unfollowed them
-// first), unfollowing someone not followed.
-func (p *Projector) dropNoopFollows(ctx context.Context, tx pgx.Tx, merged projections.Merged) ([]events.Record, int, error) {
-	var followers, followees []int64
-	for _, rec := range merged.Records {
-		switch e := rec.Event.(type) {
-		case events.UserFollowed:
-			followers, followees = append(followers, int64(e.FollowerID)), append(followees, int64(e.FolloweeID))
-		case events.UserUnfollowed:
-			followers, followees = append(followers, int64(e.FollowerID)), append(followees, int64(e.FolloweeID))
+// lockAndRead takes and closes the results of the first round trip of
+// apply: the checkpoint, locked, and the state.
+func lockAndRead(results pgx.BatchResults, keys keys) (int64, *state, error) {
+	var cp int64
+	err := func() error {
+		if _, err := results.Exec(); err != nil {
+			return fmt.Errorf("begin: %w", pgFailure(err))
 		}
-	}
-	if len(followers) == 0 {
-		return merged.Records, 0, nil
-	}
-	rows, err := tx.Query(ctx, `SELECT f.follower_id, f.followee_id FROM follows f
-		JOIN unnest($1::bigint[], $2::bigint[]) AS q(follower_id, followee_id) USING (follower_id, followee_id)`,
-		followers, followees)
+		if _, err := results.Exec(); err != nil {
+			return fmt.Errorf("checkpoint row: %w", pgFailure(err))
+		}
+		if err := results.QueryRow().Scan(&cp); err != nil {
+			return fmt.Errorf("lock checkpoint: %w", pgFailure(err))
+		}
+		return nil
+	}()
 	if err != nil {
-		return nil, 0, fmt.Errorf("current follows: %w", pgFailure(err))
+		_ = results.Close()
+		return 0, nil, err
 	}
-	following := map[projections.FollowPair]bool{}
-	for rows.Next() {
-		var a, b int64
-		if err := rows.Scan(&a, &b); err != nil {
-			rows.Close()
-			return nil, 0, fmt.Errorf("current follows: %w", pgFailure(err))
+	st, err := readAll(results, keys)
+	return cp, st, err
+}
+
+// readAll takes and closes the results of keys.queueReads.
+func readAll(results pgx.BatchResults, keys keys) (*state, error) {
+	st, err := keys.readState(results)
+	if closeErr := results.Close(); err == nil && closeErr != nil {
+		err = fmt.Errorf("read state: %w", pgFailure(closeErr))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// after is the index of the first record of batch (in log order) after seq.
+func after(batch []events.Record, seq uint64) int {
+	for i, rec := range batch {
+		if rec.Seq > seq {
+			return i
 		}
-		following[projections.FollowPair{Follower: domain.UserID(a), Followee: domain.UserID(b)}] = true
 	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("current follows: %w", pgFailure(err))
-	}
-	out := merged.Records[:0:0]
+	return len(batch)
+}
+
+// dropNoops removes the follow events whose net effect is the current state:
+// following someone already followed (unless the batch unfollowed them
+// first), unfollowing someone not followed. It filters merged.Records in
+// place.
+func dropNoops(merged projections.Merged, following map[projections.FollowPair]bool) ([]events.Record, int) {
+	out := merged.Records[:0]
 	noops := 0
 	for _, rec := range merged.Records {
 		switch e := rec.Event.(type) {
@@ -219,7 +267,7 @@ func (p *Projector) dropNoopFollows(ctx context.Context, tx pgx.Tx, merged proje
 		}
 		out = append(out, rec)
 	}
-	return out, noops, nil
+	return out, noops
 }
 
 // The statements below are written so that replaying an event changes nothing

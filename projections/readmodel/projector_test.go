@@ -2,10 +2,12 @@ package readmodel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -195,6 +197,74 @@ func TestProjectorGivenWhenThen(t *testing.T) {
 			assert.EqualValues(t, len(recs), cp)
 		})
 	}
+}
+
+// TestDuplicatesOfEarlierEvents: a batch plays its events against the rows
+// it reads, taking the posts and comments it creates to be new. A duplicate
+// of a creation in an earlier batch is not, and such a batch must come out as
+// its events applied one by one: the duplicates change nothing and the like
+// before the duplicate creation counts (the post was there).
+func TestDuplicatesOfEarlierEvents(t *testing.T) {
+	ctx := context.Background()
+	pg := localstack.PostgresForTest(t)
+	const p1 = domain.PostID(1 << 30)
+	again := created(p1, 5)
+	again.Caption = "created again"
+	recs := records(
+		created(p1, 5),
+		events.CommentAdded{CommentID: 100, PostID: p1, UserID: 6, Text: "first", CreatedAt: t0},
+		// The second batch.
+		events.PostLiked{UserID: 7, PostID: p1},
+		again,
+		events.CommentAdded{CommentID: 100, PostID: p1, UserID: 8, Text: "again", CreatedAt: t0},
+		events.PostEdited{PostID: p1, UserID: 5, Caption: "edited", EditedAt: t0.Add(time.Hour)},
+	)
+	inTwo, perEvent := pjDatabase(t, pg, "dup_a"), pjDatabase(t, pg, "dup_b")
+	pa, pb := readmodel.NewProjector(inTwo, nil), readmodel.NewProjector(perEvent, nil)
+	require.NoError(t, pa.Apply(ctx, recs[:2]))
+	require.NoError(t, pa.Apply(ctx, recs[2:]))
+	for _, rec := range recs {
+		require.NoError(t, pb.Apply(ctx, []events.Record{rec}))
+	}
+	assert.Equal(t, "[edited 1 1]", pjQuery(t, inTwo, `SELECT caption, like_count, comment_count FROM posts`))
+	assert.Equal(t, "[100 6 first]", pjQuery(t, inTwo, `SELECT id, user_id, text FROM comments`))
+	assert.Equal(t, "[2]", pjQuery(t, inTwo, `SELECT count(*) FROM post_media`))
+	assert.Equal(t, pjDump(t, perEvent), pjDump(t, inTwo))
+}
+
+// TestTwoInstances runs two projectors on one read model at once, each
+// through the whole log in batches of its own sizes: each batch reads the
+// rows it is about after taking the checkpoint lock, so whatever the other
+// committed in between is seen, and the result is one clean replay's.
+func TestTwoInstances(t *testing.T) {
+	ctx := context.Background()
+	pg := localstack.PostgresForTest(t)
+	log := pjLog(t)
+	workload(t, log, 3000, 5)
+	var all []events.Record
+	require.NoError(t, log.Read(ctx, events.ReadOptions{StopAtEnd: true, IncludeUnknown: true}, func(r events.Record) error {
+		all = append(all, r)
+		return nil
+	}))
+	shared := pjDatabase(t, pg, "shared")
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			p := readmodel.NewProjector(shared, nil)
+			rng := rand.New(rand.NewPCG(uint64(i), 9))
+			for rest := all; len(rest) > 0 && errs[i] == nil; {
+				n := min(len(rest), 1+rng.IntN(200))
+				errs[i] = p.Apply(ctx, rest[:n])
+				rest = rest[n:]
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	clean := pjDatabase(t, pg, "clean")
+	replay(t, log, clean)
+	assert.Equal(t, pjDump(t, clean), pjDump(t, shared))
 }
 
 func pjQuery(t *testing.T, pool *pgxpool.Pool, q string) string {

@@ -63,9 +63,23 @@ func OpenRebuild(ctx context.Context, url string, fresh bool, metrics *projectio
 	if err := migrations.Up(ctx, url, ShadowSchema); err != nil {
 		return nil, err
 	}
-	pool, err := OpenPool(ctx, url, ShadowSchema)
+	cfg, err := PoolConfig(url, ShadowSchema)
 	if err != nil {
 		return nil, err
+	}
+	// The shadow's batches commit without waiting for the WAL flush. A crash
+	// may then lose its last few commits, but no more than that: each takes
+	// its checkpoint with it (they are one transaction), and the WAL is
+	// replayed in order, so the shadow comes back as it was at an earlier
+	// checkpoint, from which the next Replay resumes. Nothing outside the
+	// shadow acts on those commits before the switch, and the switch commits
+	// on conn, synchronously: its commit record flushes the WAL before it,
+	// every shadow commit included. (The live projector's commits stay
+	// synchronous: readers act on them.)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect postgres: %w", pgFailure(err))
 	}
 	return &Rebuild{Projector: NewProjector(pool, metrics), conn: conn, pool: pool}, nil
 }
