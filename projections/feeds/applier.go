@@ -2,7 +2,6 @@ package feeds
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -154,7 +153,7 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 			var items []Item
 			v, err := workVersion(msg)
 			if err == nil {
-				err = json.Unmarshal(msg.Data(), &items)
+				items, err = decodeWork(msg.Data())
 			}
 			if err != nil {
 				// Work is written by the planner of this build; a body that does

@@ -3,7 +3,6 @@ package feeds
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -576,9 +575,9 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 	for part, items := range w.parts {
 		for len(items) > 0 {
 			n := min(len(items), p.cfg.ItemsPerMessage)
-			data, err := json.Marshal(items[:n])
+			data, err := encodeWork(items[:n])
 			if err != nil {
-				return fmt.Errorf("encode work: %w", err)
+				return err
 			}
 			// No dedup id: work published again after a rewind must be delivered
 			// (an inbox built meanwhile needs it), and the inboxes' sequence guard
