@@ -123,11 +123,27 @@ type positionFlight struct {
 
 // get returns a position of at least min looked up at most ttl ago, or the
 // result of a lookup, joining the one under way rather than starting another.
+// A read that asks for no position (min 0) never waits once a position is
+// known: any position looked up before it began is a true answer, so it gets
+// the last one, and an older one than ttl is looked up again in the
+// background. Under load a lookup (JetStream requests to a busy server) can
+// take far longer than the page itself.
 func (s *sharedPosition) get(ctx context.Context, min uint64) (uint64, error) {
 	for {
 		s.mu.Lock()
-		if !s.at.IsZero() && time.Since(s.at) < s.ttl && s.pos >= min {
+		known := !s.at.IsZero()
+		fresh := known && time.Since(s.at) < s.ttl
+		if known && s.pos >= min && (fresh || min == 0) {
 			pos := s.pos
+			if !fresh && s.flight == nil {
+				f := &positionFlight{done: make(chan struct{})}
+				s.flight = f
+				go func() {
+					ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readTimeout)
+					defer cancel()
+					s.fly(ctx, f)
+				}()
+			}
 			s.mu.Unlock()
 			return pos, nil
 		}

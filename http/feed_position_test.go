@@ -79,9 +79,46 @@ func TestSharedPositionReusesOnlyRecentAndHighEnough(t *testing.T) {
 
 	f.pos.Store(11)
 	time.Sleep(40 * time.Millisecond)
-	pos, _ = s.get(ctx, 0)
-	assert.Equal(t, uint64(11), pos, "expired: looked up again")
+	pos, _ = s.get(ctx, 12)
+	assert.Equal(t, uint64(11), pos, "expired: a read waiting for a position looks again")
 	assert.Equal(t, int64(3), f.calls.Load())
+}
+
+// TestSharedPositionNeverHoldsAReadThatWaitsForNothing: once a position is
+// known, a read without X-Min-Position gets the last one at once, even while
+// a lookup hangs, and an expired one starts one lookup in the background.
+func TestSharedPositionNeverHoldsAReadThatWaitsForNothing(t *testing.T) {
+	f := &fakePositions{}
+	f.pos.Store(7)
+	s := &sharedPosition{lookup: f.lookup, ttl: 20 * time.Millisecond}
+	ctx := t.Context()
+	pos, err := s.get(ctx, 0)
+	require.NoError(t, err)
+	require.Equal(t, uint64(7), pos)
+
+	f.gate = make(chan struct{}) // lookups hang from now on
+	f.pos.Store(9)
+	time.Sleep(30 * time.Millisecond)
+	for range 50 {
+		done := make(chan uint64)
+		go func() {
+			pos, _ := s.get(ctx, 0)
+			done <- pos
+		}()
+		select {
+		case pos := <-done:
+			assert.Equal(t, uint64(7), pos, "the last position known")
+		case <-time.After(time.Second):
+			t.Fatal("a read asking for no position waited for a lookup")
+		}
+	}
+	assert.Equal(t, int64(2), f.calls.Load(), "one lookup in the background")
+
+	close(f.gate)
+	require.Eventually(t, func() bool {
+		pos, _ := s.get(ctx, 0)
+		return pos == 9
+	}, time.Second, time.Millisecond, "the background lookup's position is served next")
 }
 
 func TestSharedPositionDoesNotKeepFailures(t *testing.T) {
