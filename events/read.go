@@ -63,13 +63,33 @@ func (l *Log) Read(ctx context.Context, opts ReadOptions, fn func(Record) error)
 			return err
 		}
 	}
+	return l.follow(ctx, "read", cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		rec, err := l.decode(msg.Data(), meta.Sequence.Stream, msg.Subject())
+		if err != nil {
+			return false, err
+		}
+		if rec.Event != nil || opts.IncludeUnknown {
+			if err := fn(rec); err != nil {
+				return false, err
+			}
+		}
+		return opts.StopAtEnd && meta.NumPending == 0, nil
+	})
+}
+
+// follow runs an ordered consumer of cfg and hands each message to fn until
+// ctx ends (nil), fn fails (its error) or fn says it is done (nil). what names
+// the reader in errors.
+func (l *Log) follow(ctx context.Context, what string, cfg jetstream.OrderedConsumerConfig,
+	fn func(jetstream.Msg, *jetstream.MsgMetadata) (done bool, err error),
+) error {
 	cons, err := l.js.OrderedConsumer(ctx, l.cfg.Name, cfg)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", l.cfg.Name, classify(err))
+		return fmt.Errorf("%s %s: %w", what, l.cfg.Name, classify(err))
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		return fmt.Errorf("read %s: %w", l.cfg.Name, classify(err))
+		return fmt.Errorf("%s %s: %w", what, l.cfg.Name, classify(err))
 	}
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
@@ -80,23 +100,14 @@ func (l *Log) Read(ctx context.Context, opts ReadOptions, fn func(Record) error)
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) && ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("read %s: %w", l.cfg.Name, classify(err))
+			return fmt.Errorf("%s %s: %w", what, l.cfg.Name, classify(err))
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return fmt.Errorf("read %s: %w", l.cfg.Name, err)
+			return fmt.Errorf("%s %s: %w", what, l.cfg.Name, err)
 		}
-		rec, err := l.decode(msg.Data(), meta.Sequence.Stream, msg.Subject())
-		if err != nil {
+		if done, err := fn(msg, meta); done || err != nil {
 			return err
-		}
-		if rec.Event != nil || opts.IncludeUnknown {
-			if err := fn(rec); err != nil {
-				return err
-			}
-		}
-		if opts.StopAtEnd && meta.NumPending == 0 {
-			return nil
 		}
 	}
 }
@@ -177,31 +188,7 @@ func (l *Log) Watch(ctx context.Context, after uint64, fn func(Touch) error) err
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = after + 1
 	}
-	cons, err := l.js.OrderedConsumer(ctx, l.cfg.Name, cfg)
-	if err != nil {
-		return fmt.Errorf("watch %s: %w", l.cfg.Name, classify(err))
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("watch %s: %w", l.cfg.Name, classify(err))
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	defer it.Stop()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) && ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("watch %s: %w", l.cfg.Name, classify(err))
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return fmt.Errorf("watch %s: %w", l.cfg.Name, err)
-		}
-		if err := fn(Touch{Seq: meta.Sequence.Stream, Subject: msg.Subject()}); err != nil {
-			return err
-		}
-	}
+	return l.follow(ctx, "watch", cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
+		return false, fn(Touch{Seq: meta.Sequence.Stream, Subject: msg.Subject()})
+	})
 }
