@@ -139,8 +139,10 @@ func (c *Cache) reset(floor uint64) {
 // Run follows the log and keeps the cache current until ctx ends. When it
 // cannot follow the log, the cache serves nothing until it can again.
 func (c *Cache) Run(ctx context.Context) error {
-	backoff := 100 * time.Millisecond
+	const firstBackoff = 100 * time.Millisecond
+	backoff := firstBackoff
 	for {
+		began := time.Now()
 		head, err := c.log.Head(ctx)
 		if err == nil {
 			c.mu.Lock()
@@ -157,6 +159,9 @@ func (c *Cache) Run(ctx context.Context) error {
 			return nil //nolint:nilerr // the end of ctx, not a failure to report
 		}
 		c.logger.Warn("post cache cannot follow the log; reads go to postgres", "err", err)
+		if time.Since(began) > time.Minute {
+			backoff = firstBackoff // it had been following the log
+		}
 		select {
 		case <-ctx.Done():
 			return nil
