@@ -57,6 +57,9 @@ func (r *Reader) store(ctx context.Context) *Store {
 // the posts of the big accounts the user follows merged in.
 func (r *Reader) Page(ctx context.Context, user domain.UserID, before int64, n int) (Page, error) {
 	s := r.store(ctx)
+	if page, ok, err := s.PageWithBig(ctx, user, before, n); ok {
+		return page, err
+	}
 	big, err := s.BigAccounts(ctx)
 	if err != nil {
 		return Page{}, err

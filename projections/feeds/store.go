@@ -789,34 +789,100 @@ type Page struct {
 // its floor, so a concurrent trim cannot leave a gap above the floor reported.
 func (s *Store) Page(ctx context.Context, user domain.UserID, bigFollowees []domain.UserID, before int64, n int) (Page, error) {
 	what := fmt.Sprintf("read feed page of user %d", user)
+	by, err := pageRange(what, before, n)
+	if err != nil {
+		return Page{}, err
+	}
+	pipe := s.rdb.TxPipeline()
+	in := s.queueInbox(ctx, pipe, user, by)
+	outs := s.queueOutboxes(ctx, pipe, bigFollowees, by)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return Page{}, stFail(what, err)
+	}
+	return mergePage(what, in, outs, n)
+}
+
+// PageWithBig is Page finding the big accounts user follows itself, in the
+// round trip that reads the inbox (the intersection of the big set and the
+// user's followees), so that most pages take one round trip: only a user who
+// follows big accounts needs a second, for their outboxes. A single Redis
+// only, since the intersection spans two hash slots; ok is false elsewhere,
+// and Page must be used.
+func (s *Store) PageWithBig(ctx context.Context, user domain.UserID, before int64, n int) (page Page, ok bool, err error) {
+	if !s.batch {
+		return Page{}, false, nil
+	}
+	what := fmt.Sprintf("read feed page of user %d", user)
+	by, err := pageRange(what, before, n)
+	if err != nil {
+		return Page{}, true, err
+	}
+	pipe := s.rdb.TxPipeline()
+	bigs := pipe.SInter(ctx, s.key(stBigKey), s.userKey(user, stFollowsSuffix))
+	in := s.queueInbox(ctx, pipe, user, by)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return Page{}, true, stFail(what, err)
+	}
+	followed, err := stParseUsers(bigs.Val(), what, bigs.Err())
+	if err != nil || len(followed) == 0 || errors.Is(in.floor.Err(), redis.Nil) {
+		page, err := mergePage(what, in, nil, n)
+		return page, true, err
+	}
+	// The outboxes a moment after the inbox: each is still read atomically
+	// with its floor, which is what the page's floor needs; a big account's
+	// post in between is a newer post of the feed, not a gap.
+	pipe = s.rdb.TxPipeline()
+	outs := s.queueOutboxes(ctx, pipe, followed, by)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return Page{}, true, stFail(what, err)
+	}
+	page, err = mergePage(what, in, outs, n)
+	return page, true, err
+}
+
+// pageRange is the score range of a page of n posts below before.
+func pageRange(what string, before int64, n int) (*redis.ZRangeBy, error) {
 	if n < 1 || before < 0 {
-		return Page{}, fmt.Errorf("%s: n=%d, before=%d: %w", what, n, before, domain.ErrInvalid)
+		return nil, fmt.Errorf("%s: n=%d, before=%d: %w", what, n, before, domain.ErrInvalid)
 	}
 	by := &redis.ZRangeBy{Min: "1", Max: "+inf", Count: int64(n)}
 	if before > 0 {
 		by.Max = "(" + strconv.FormatInt(before, 10)
 	}
-	type source struct {
-		who   domain.UserID
-		floor *redis.FloatCmd
-		posts *redis.StringSliceCmd
-	}
-	inKey := s.userKey(user, stInboxSuffix)
-	pipe := s.rdb.TxPipeline()
-	in := source{who: user, floor: pipe.ZScore(ctx, inKey, "f"), posts: pipe.ZRevRangeByScore(ctx, inKey, by)}
-	pipe.PExpire(ctx, inKey, s.cfg.TTL)
-	outs := make([]source, 0, len(bigFollowees))
-	for _, a := range bigFollowees {
-		k := s.userKey(a, stOutboxSuffix)
-		outs = append(outs, source{who: a, floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)})
-	}
-	_, err := pipe.Exec(ctx)
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return Page{}, stFail(what, err)
-	}
+	return by, nil
+}
 
+// pageSource is one sorted set a page reads: its floor and its posts in the
+// page's range, queued in the same transaction.
+type pageSource struct {
+	floor *redis.FloatCmd
+	posts *redis.StringSliceCmd
+}
+
+// queueInbox queues the read of user's inbox and the refresh of its TTL.
+func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domain.UserID, by *redis.ZRangeBy) pageSource {
+	k := s.userKey(user, stInboxSuffix)
+	in := pageSource{floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)}
+	pipe.PExpire(ctx, k, s.cfg.TTL)
+	return in
+}
+
+// queueOutboxes queues the reads of authors' outboxes.
+func (s *Store) queueOutboxes(ctx context.Context, pipe redis.Pipeliner, authors []domain.UserID, by *redis.ZRangeBy) []pageSource {
+	outs := make([]pageSource, 0, len(authors))
+	for _, a := range authors {
+		k := s.userKey(a, stOutboxSuffix)
+		outs = append(outs, pageSource{floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)})
+	}
+	return outs
+}
+
+// mergePage makes the page from the inbox's and the outboxes' reads: not
+// materialised without an inbox, else their posts at or above the highest of
+// their floors, newest first, without duplicates, at most n.
+func mergePage(what string, in pageSource, outs []pageSource, n int) (Page, error) {
 	// read returns a source's posts, whether its key exists, and its floor.
-	read := func(src source) ([]string, bool, int64, error) {
+	read := func(src pageSource) ([]string, bool, int64, error) {
 		f, err := src.floor.Result()
 		if errors.Is(err, redis.Nil) {
 			return nil, false, 0, nil
