@@ -18,7 +18,9 @@ import (
 
 // HomeFeedCache is the Redis side of the home feed.
 type HomeFeedCache interface {
-	Page(ctx context.Context, user domain.UserID, before int64, n int) (feeds.Page, error)
+	// Page is a page of user's inbox; minPos is the reader's X-Min-Position
+	// (0: none), which a cache kept in memory must honour.
+	Page(ctx context.Context, user domain.UserID, before int64, n int, minPos uint64) (feeds.Page, error)
 	RequestMaterialise(ctx context.Context, user domain.UserID) error
 	Position(ctx context.Context) (uint64, error)
 }
@@ -211,7 +213,7 @@ func (h *homeFeed) feed(c *fiber.Ctx) error {
 	}
 	ctx, cancel := queryContext(c)
 	defer cancel()
-	ids, err := h.ids(ctx, p.UserID, cursor)
+	ids, err := h.ids(ctx, p.UserID, cursor, minPosition(c))
 	if err != nil {
 		return err
 	}
@@ -275,13 +277,13 @@ func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer doma
 }
 
 // ids is one more than a page of post ids below the cursor.
-func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.Cursor) ([]domain.PostID, error) {
+func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.Cursor, minPos uint64) ([]domain.PostID, error) {
 	const want = domain.PageSize + 1
 	var before int64
 	if cursor != nil {
 		before = cursor.ID
 	}
-	page, err := h.cache.Page(ctx, user, before, want)
+	page, err := h.cache.Page(ctx, user, before, want, minPos)
 	switch {
 	case err != nil:
 		h.log.Error("home feed cache unavailable; serving from postgres", "user", user, "err", err)

@@ -69,7 +69,7 @@ type homeBench struct {
 // serves every page from the read model.
 type pullOnly struct{ HomeFeedCache }
 
-func (pullOnly) Page(context.Context, domain.UserID, int64, int) (feeds.Page, error) {
+func (pullOnly) Page(context.Context, domain.UserID, int64, int, uint64) (feeds.Page, error) {
 	return feeds.Page{}, nil
 }
 
@@ -136,9 +136,11 @@ func newHomeBench(b *testing.B) *homeBench {
 	h.feeds = feeds.NewReader(h.store, js)
 	posts := readmodel.NewCache(h.read, log, readmodel.CacheConfig{}, h.reg, quiet)
 	wg.Go(func() { _ = posts.Run(ctx) })
+	pages := feeds.NewPageCache(h.feeds, &redis.Options{Addr: stack.Redis.Addr()}, feeds.PageCacheConfig{}, h.reg, quiet)
+	wg.Go(func() { _ = pages.Run(ctx) })
 	srv := NewServer(Deps{
 		Logger: quiet, Registerer: h.reg, Gatherer: h.reg, Log: log, Media: dir, Auth: h.auth, IDs: ids,
-		ReadModel: h.read, FeedCache: h.feeds, FeedModel: h.read, FeedPosts: posts,
+		ReadModel: h.read, FeedCache: pages, FeedModel: h.read, FeedPosts: posts,
 	}, Config{})
 	pullReg := prometheus.NewRegistry()
 	pullSrv := NewServer(Deps{
@@ -273,18 +275,28 @@ func (h *homeBench) same(base string, client *http.Client, token, cursor string,
 
 // pages served from the cache so far (feed_home_pages_total{source="cache"}).
 func (h *homeBench) cachePages(b *testing.B) float64 {
+	return h.counter(b, "feed_home_pages_total", "source", "cache")
+}
+
+// memoryPages is how many of them the page cache served from memory.
+func (h *homeBench) memoryPages(b *testing.B) float64 {
+	return h.counter(b, "feed_page_cache_lookups_total", "result", "hit")
+}
+
+// counter is the value of the counter family{label="value"}.
+func (h *homeBench) counter(b *testing.B, family, label, value string) float64 {
 	b.Helper()
 	families, err := h.reg.Gather()
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, f := range families {
-		if f.GetName() != "feed_home_pages_total" {
+		if f.GetName() != family {
 			continue
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "source" && l.GetValue() == "cache" {
+				if l.GetName() == label && l.GetValue() == value {
 					return m.GetCounter().GetValue()
 				}
 			}
@@ -464,7 +476,7 @@ func BenchmarkHomeFeed(b *testing.B) {
 
 		b.Run(p.name, func(b *testing.B) {
 			for b.Loop() {
-				servedBefore := h.cachePages(b)
+				servedBefore, memoryBefore := h.cachePages(b), h.memoryPages(b)
 				var requests atomic.Int64
 				cached := homeLoad(b, homeLoadTime, func(context.Context) error {
 					requests.Add(1)
@@ -473,6 +485,7 @@ func BenchmarkHomeFeed(b *testing.B) {
 				if fromCache := h.cachePages(b) - servedBefore; fromCache != float64(requests.Load()) {
 					b.Fatalf("%.0f of %d pages served from the cache", fromCache, requests.Load())
 				}
+				fromMemory := (h.memoryPages(b) - memoryBefore) / float64(requests.Load())
 				pulled := homeLoad(b, homeLoadTime, func(context.Context) error {
 					return h.same(h.pullBase, client, token, p.cursor, body)
 				})
@@ -488,8 +501,9 @@ func BenchmarkHomeFeed(b *testing.B) {
 				b.ReportMetric(millis(pulled.p99), "pull-p99-ms")
 				b.ReportMetric(direct.rate, "pull-queries/s")
 				b.ReportMetric(ratio, "ratio")
-				fmt.Fprintf(os.Stderr, "%-8s cached GET /feed %s | GET /feed by the pull query %s | ratio %.2fx (target >= 10x)\n",
-					p.name, cached, pulled, ratio)
+				b.ReportMetric(fromMemory, "page-cache-hit-ratio")
+				fmt.Fprintf(os.Stderr, "%-8s cached GET /feed %s | GET /feed by the pull query %s | ratio %.2fx (target >= 10x); %.1f %% of the ids from the page cache\n",
+					p.name, cached, pulled, ratio, 100*fromMemory)
 				fmt.Fprintf(os.Stderr, "%-8s   the pull query's Feed+Posts called directly, no HTTP %s: cached GET /feed is %.2fx that\n",
 					p.name, direct, cached.rate/direct.rate)
 
@@ -497,7 +511,7 @@ func BenchmarkHomeFeed(b *testing.B) {
 				// ids from the cache and from the pull query, and the hydration
 				// both paths share.
 				cacheIDs := homeLoad(b, homePartTime, func(ctx context.Context) error {
-					page, err := h.feeds.Page(ctx, homeReader, pageBefore(after), domain.PageSize+1)
+					page, err := h.feeds.Page(ctx, homeReader, pageBefore(after), domain.PageSize+1, 0)
 					if err == nil && len(page.Posts) != domain.PageSize+1 {
 						err = fmt.Errorf("the cache has %d posts of the page", len(page.Posts))
 					}

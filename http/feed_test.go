@@ -43,6 +43,7 @@ type feedWorld struct {
 	readRun *projections.Runner
 	planRun *projections.Runner
 	reader  *feeds.Reader
+	pages   *feeds.PageCache
 	posts   *readmodel.Cache
 	redis   *localstack.Redis
 	ids     *domain.IDGenerator
@@ -157,9 +158,12 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
 	w.reader = feeds.NewReader(w.store, js)
+	// Pages are read through the page cache, as the service does.
+	w.pages = feeds.NewPageCache(w.reader, &redis.Options{Addr: stack.Redis.Addr()}, feeds.PageCacheConfig{}, nil, quiet)
+	wg.Go(func() { _ = w.pages.Run(ctx) })
 	w.srv = NewServer(Deps{
 		Logger: quiet, Registerer: reg, Gatherer: reg, Log: log, Media: store, Auth: w.auth, IDs: ids,
-		ReadModel: w.read, FeedCache: w.reader, FeedModel: w.read, FeedPosts: w.posts,
+		ReadModel: w.read, FeedCache: w.pages, FeedModel: w.read, FeedPosts: w.posts,
 	}, Config{ConsistencyWait: 5 * time.Second})
 	return w
 }
@@ -175,6 +179,7 @@ func (w *feedWorld) settle(t *testing.T) {
 		fp, err2 := w.reader.Position(ctx)
 		return err1 == nil && err2 == nil && rm >= head && fp >= head && w.posts.Heard() >= head
 	}, 60*time.Second, 10*time.Millisecond, "projectors and the post cache did not reach %d", head)
+	require.NoError(t, w.pages.Sync(ctx))
 }
 
 // page gets one page of user's home feed.

@@ -38,7 +38,9 @@ type infra struct {
 	redis *redis.Client // the projectors' (long timeouts, no client retries)
 	// readRedis serves reads: short timeouts, so an outage is a prompt fall-back.
 	readRedis *redis.Client
-	pg        *pgxpool.Pool
+	// readOpts made it, for the clients of the page cache.
+	readOpts *redis.Options
+	pg       *pgxpool.Pool
 	// databaseURL is Postgres's (a rebuild opens connections of its own).
 	databaseURL string
 	closers     []func() // run in reverse order by close
@@ -151,6 +153,7 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 	readOpts := *ropts
 	readOpts.DialTimeout, readOpts.ReadTimeout, readOpts.WriteTimeout, readOpts.MaxRetries = 500*time.Millisecond, time.Second, time.Second, 1
 	in.readRedis = redis.NewClient(&readOpts)
+	in.readOpts = &readOpts
 	in.closers = append(in.closers, func() { _ = in.readRedis.Close() })
 
 	if err := migrations.Up(ctx, databaseURL, migrations.Schema); err != nil {
@@ -296,6 +299,13 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	if cfg.PostCache > 0 {
 		postCache = readmodel.NewCache(readStore, in.log, readmodel.CacheConfig{Posts: cfg.PostCache, Likes: 5 * cfg.PostCache}, reg, logger)
 	}
+	reader := feeds.NewReader(feeds.NewStore(in.readRedis, feedStore.Config()), in.js)
+	var feedCache feedhttp.HomeFeedCache = reader
+	var pageCache *feeds.PageCache
+	if cfg.PageCache > 0 {
+		pageCache = feeds.NewPageCache(reader, in.readOpts, feeds.PageCacheConfig{Pages: cfg.PageCache}, reg, logger)
+		feedCache = pageCache
+	}
 	// Rebuilds started by the admin routes stop with the process, leaving their
 	// shadows to resume; they are waited for before the connections close.
 	rebuilds := newRebuilder(ctx, cfg, in.log, in.databaseURL, in.redis, in.js, logger)
@@ -310,7 +320,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		Auth:       auth,
 		IDs:        ids,
 		ReadModel:  readStore,
-		FeedCache:  feeds.NewReader(feeds.NewStore(in.readRedis, feedStore.Config()), in.js),
+		FeedCache:  feedCache,
 		FeedModel:  readStore,
 		Rebuilds:   rebuilds,
 	}
@@ -332,6 +342,9 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	g.Go(func() error { return srv.Serve(ln) })
 	if postCache != nil {
 		g.Go(func() error { return postCache.Run(gctx) })
+	}
+	if pageCache != nil {
+		g.Go(func() error { return pageCache.Run(gctx) })
 	}
 	// Projectors stop after the API has drained, each finishing its batch.
 	projCtx, stopProjectors := context.WithCancel(context.WithoutCancel(ctx))

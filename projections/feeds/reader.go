@@ -54,8 +54,10 @@ func (r *Reader) store(ctx context.Context) *Store {
 }
 
 // Page is the cached part of a home feed page for user (see Store.Page), with
-// the posts of the big accounts the user follows merged in.
-func (r *Reader) Page(ctx context.Context, user domain.UserID, before int64, n int) (Page, error) {
+// the posts of the big accounts the user follows merged in. minPos is the log
+// position the page must reflect (see PageCache.Page); read from Redis, every
+// page reflects what Redis holds.
+func (r *Reader) Page(ctx context.Context, user domain.UserID, before int64, n int, _ uint64) (Page, error) {
 	s := r.store(ctx)
 	if page, ok, err := s.PageWithBig(ctx, user, before, n); ok {
 		return page, err

@@ -794,6 +794,7 @@ func (s *Store) Page(ctx context.Context, user domain.UserID, bigFollowees []dom
 		return Page{}, err
 	}
 	pipe := s.rdb.TxPipeline()
+	s.queueRefresh(ctx, pipe, user)
 	in := s.queueInbox(ctx, pipe, user, by)
 	outs := s.queueOutboxes(ctx, pipe, bigFollowees, by)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -812,21 +813,32 @@ func (s *Store) PageWithBig(ctx context.Context, user domain.UserID, before int6
 	if !s.batch {
 		return Page{}, false, nil
 	}
+	page, _, err = s.pageWithBig(ctx, user, before, n, true)
+	return page, true, err
+}
+
+// pageWithBig is PageWithBig on a single Redis, also returning the big
+// accounts whose outboxes it read; refresh is whether it refreshes the
+// inbox's TTL.
+func (s *Store) pageWithBig(ctx context.Context, user domain.UserID, before int64, n int, refresh bool) (Page, []domain.UserID, error) {
 	what := fmt.Sprintf("read feed page of user %d", user)
 	by, err := pageRange(what, before, n)
 	if err != nil {
-		return Page{}, true, err
+		return Page{}, nil, err
 	}
 	pipe := s.rdb.TxPipeline()
+	if refresh {
+		s.queueRefresh(ctx, pipe, user)
+	}
 	bigs := pipe.SInter(ctx, s.key(stBigKey), s.userKey(user, stFollowsSuffix))
 	in := s.queueInbox(ctx, pipe, user, by)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return Page{}, true, stFail(what, err)
+		return Page{}, nil, stFail(what, err)
 	}
 	followed, err := stParseUsers(bigs.Val(), what, bigs.Err())
 	if err != nil || len(followed) == 0 || errors.Is(in.floor.Err(), redis.Nil) {
 		page, err := mergePage(what, in, nil, n)
-		return page, true, err
+		return page, nil, err
 	}
 	// The outboxes a moment after the inbox: each is still read atomically
 	// with its floor, which is what the page's floor needs; a big account's
@@ -834,10 +846,10 @@ func (s *Store) PageWithBig(ctx context.Context, user domain.UserID, before int6
 	pipe = s.rdb.TxPipeline()
 	outs := s.queueOutboxes(ctx, pipe, followed, by)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return Page{}, true, stFail(what, err)
+		return Page{}, nil, stFail(what, err)
 	}
-	page, err = mergePage(what, in, outs, n)
-	return page, true, err
+	page, err := mergePage(what, in, outs, n)
+	return page, followed, err
 }
 
 // pageRange is the score range of a page of n posts below before.
@@ -859,12 +871,18 @@ type pageSource struct {
 	posts *redis.StringSliceCmd
 }
 
-// queueInbox queues the read of user's inbox and the refresh of its TTL.
+// queueRefresh queues the refresh of user's inbox's TTL: the user is active.
+// It goes before the reads of a transaction: Redis stops tracking a key for
+// its readers' caches when the key is changed, so a read before the refresh
+// would be left untracked (see PageCache).
+func (s *Store) queueRefresh(ctx context.Context, pipe redis.Pipeliner, user domain.UserID) {
+	pipe.PExpire(ctx, s.userKey(user, stInboxSuffix), s.cfg.TTL)
+}
+
+// queueInbox queues the read of user's inbox.
 func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domain.UserID, by *redis.ZRangeBy) pageSource {
 	k := s.userKey(user, stInboxSuffix)
-	in := pageSource{floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)}
-	pipe.PExpire(ctx, k, s.cfg.TTL)
-	return in
+	return pageSource{floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)}
 }
 
 // queueOutboxes queues the reads of authors' outboxes.

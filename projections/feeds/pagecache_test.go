@@ -1,0 +1,158 @@
+package feeds_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections/feeds"
+)
+
+// newPageCache returns a store over a Redis of its own, a page cache of it
+// that follows the invalidations (entries never expire by age, so only
+// invalidations can make it see a change), and a raw client.
+func newPageCache(t *testing.T, cfg feeds.Config) (*feeds.Store, *feeds.PageCache, *redis.Client) {
+	t.Helper()
+	s, rdb := newStore(t, cfg)
+	c := feeds.NewPageCache(feeds.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, feeds.PageCacheConfig{MaxAge: time.Hour}, nil, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	require.Eventually(t, c.Following, 5*time.Second, time.Millisecond, "the cache never followed the invalidations")
+	return s, c, rdb
+}
+
+// cachedPage is alice's first page through the cache.
+func cachedPage(t *testing.T, c *feeds.PageCache) feeds.Page {
+	t.Helper()
+	page, err := c.Page(t.Context(), alice, 0, 10, 0)
+	require.NoError(t, err)
+	return page
+}
+
+// TestPageCacheSeesEveryChange: a page read again comes from memory, and a
+// change to any key it was made of (the inbox, the user's followees, the big
+// set, a big followee's outbox; a flush of all) is seen by the next reads.
+func TestPageCacheSeesEveryChange(t *testing.T) {
+	t.Parallel()
+	s, c, rdb := newPageCache(t, feeds.Config{InboxCap: 5, TTL: time.Hour})
+	ctx := t.Context()
+	const carol domain.UserID = 3
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
+	require.NoError(t, err)
+	require.NoError(t, s.AddToOutbox(ctx, carol, 25))
+	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:in", 5*time.Second).Err())
+
+	want := feeds.Page{Materialised: true, Posts: ids(20, 10)}
+	assert.Equal(t, want, cachedPage(t, c))
+	assert.Equal(t, want, cachedPage(t, c))
+	assert.Equal(t, 1, c.Lookups("miss"))
+	assert.Equal(t, 1, c.Lookups("hit"))
+	ttl, err := rdb.PTTL(ctx, "feed:v1:{1}:in").Result()
+	require.NoError(t, err)
+	assert.InDelta(t, time.Hour, ttl, float64(time.Minute), "a read refreshes the inbox's TTL")
+
+	// seen checks that once the cache is in sync it serves want, and then
+	// from memory.
+	seen := func(what string, want feeds.Page) {
+		t.Helper()
+		require.NoError(t, c.Sync(ctx))
+		require.Equal(t, want, cachedPage(t, c), "after %s", what)
+		hits := c.Lookups("hit")
+		assert.Equal(t, want, cachedPage(t, c))
+		assert.Equal(t, hits+1, c.Lookups("hit"), "after %s the page is kept again", what)
+	}
+	_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 30)})
+	require.NoError(t, err)
+	seen("a push into the inbox", feeds.Page{Materialised: true, Posts: ids(30, 20, 10)})
+
+	require.NoError(t, s.SetBig(ctx, carol, true))
+	seen("a new big account alice does not follow", feeds.Page{Materialised: true, Posts: ids(30, 20, 10)})
+	require.NoError(t, s.Follow(ctx, alice, carol))
+	seen("alice following a big account", feeds.Page{Materialised: true, Posts: ids(30, 25, 20, 10)})
+	require.NoError(t, s.AddToOutbox(ctx, carol, 40))
+	seen("a post of the big account", feeds.Page{Materialised: true, Posts: ids(40, 30, 25, 20, 10)})
+
+	// A read that must see a log position is always made in Redis.
+	misses := c.Lookups("miss")
+	page, err := c.Page(ctx, alice, 0, 10, 7)
+	require.NoError(t, err)
+	assert.Equal(t, ids(40, 30, 25, 20, 10), page.Posts)
+	assert.Equal(t, 1, c.Lookups("fresh"))
+	assert.Equal(t, misses, c.Lookups("miss"))
+
+	// A flush leaves no inbox, and a page without one is not kept.
+	require.NoError(t, rdb.FlushAll(ctx).Err())
+	require.NoError(t, c.Sync(ctx))
+	assert.Equal(t, feeds.Page{}, cachedPage(t, c))
+}
+
+// TestPageCacheDoesNotKeepAReadOvertakenByAChange: a page whose key changes
+// after it was read from Redis, and before it enters the cache, is not kept:
+// the invalidation that came meanwhile must not be lost.
+func TestPageCacheDoesNotKeepAReadOvertakenByAChange(t *testing.T) {
+	t.Parallel()
+	s, c, _ := newPageCache(t, feeds.Config{InboxCap: 5, TTL: time.Hour})
+	ctx := t.Context()
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
+	require.NoError(t, err)
+
+	var overtaken bool
+	c.SetBeforeFill(func() {
+		if overtaken {
+			return
+		}
+		overtaken = true
+		heard := c.Invalidations()
+		_, err := s.ApplyItems(context.Background(), []feeds.Item{push(2, 30)})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return c.Invalidations() > heard }, 2*time.Second, time.Millisecond)
+	})
+	assert.Equal(t, ids(20, 10), cachedPage(t, c).Posts, "the read before the push")
+	assert.Equal(t, ids(30, 20, 10), cachedPage(t, c).Posts, "the read after it")
+	assert.Zero(t, c.Lookups("hit"))
+}
+
+// TestPageCacheAfterItsSubscriberIsKilled: when the connection that hears
+// the invalidations is lost, nothing cached before is served, and the pages
+// cached after its reconnection are invalidated through the new connection.
+func TestPageCacheAfterItsSubscriberIsKilled(t *testing.T) {
+	t.Parallel()
+	s, c, rdb := newPageCache(t, feeds.Config{InboxCap: 5, TTL: time.Hour})
+	ctx := t.Context()
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10)})
+	require.NoError(t, err)
+	kill := func() {
+		t.Helper()
+		require.NoError(t, rdb.ClientKillByFilter(ctx, "TYPE", "pubsub").Err())
+		require.Eventually(t, func() bool { return !c.Following() }, 2*time.Second, time.Millisecond)
+		require.Eventually(t, c.Following, 5*time.Second, time.Millisecond)
+	}
+
+	assert.Equal(t, ids(10), cachedPage(t, c).Posts)
+	kill()
+	_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 20)})
+	require.NoError(t, err)
+	assert.Equal(t, ids(20, 10), cachedPage(t, c).Posts, "a page cached before the loss")
+
+	// Kept anew, and invalidated through the new subscriber.
+	assert.Equal(t, ids(20, 10), cachedPage(t, c).Posts)
+	hits := c.Lookups("hit")
+	assert.Equal(t, ids(20, 10), cachedPage(t, c).Posts)
+	require.Equal(t, hits+1, c.Lookups("hit"))
+	_, err = s.ApplyItems(ctx, []feeds.Item{push(3, 30)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return assert.ObjectsAreEqual(ids(30, 20, 10), cachedPage(t, c).Posts)
+	}, 2*time.Second, time.Millisecond, "a change after the reconnection")
+}
