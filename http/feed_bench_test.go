@@ -372,7 +372,8 @@ func homeLoad(b *testing.B, d time.Duration, op func(context.Context) error) hom
 // and p50/p99 latency for cached pages, through the real app on loopback HTTP
 // with 16 clients, for a reader following 50 accounts of 40 posts each whose
 // inbox is materialised (every page checked to come from the cache by
-// feed_home_pages_total{source="cache"}) and hydrated from the post cache;
+// feed_home_pages_total{source="cache"}), read through the page cache (the
+// share it served from memory is printed) and hydrated from the post cache;
 // next to the same pages served by the same GET /feed from the pull query (an
 // app whose feed cache never has the inbox and which hydrates from Postgres);
 // and the ratio (target >= 10x). It also prints the pull query's own calls

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -55,9 +55,11 @@ type PageCache struct {
 	heard     uint64
 	changed   map[string]uint64
 	forgotten uint64
-	pages     *lru.Cache[pageKey, *cachedPage]
+	// The LRUs are golang-lru's simplelru under mu, so that a lookup, its
+	// check and a fill are each one step.
+	pages *simplelru.LRU[pageKey, *cachedPage]
 	// refreshed is when this process last refreshed an inbox's TTL.
-	refreshed *lru.Cache[string, time.Time]
+	refreshed *simplelru.LRU[string, time.Time]
 
 	// syncs are the Sync calls waiting for their marker to come back.
 	syncs  map[string]chan struct{}
@@ -121,8 +123,8 @@ const invalidateChannel = "__redis__:invalidate"
 // from memory; until then every page is read through reader.
 func NewPageCache(reader *Reader, opts *redis.Options, cfg PageCacheConfig, reg prometheus.Registerer, logger *slog.Logger) *PageCache {
 	cfg = cfg.withDefaults()
-	pages, _ := lru.New[pageKey, *cachedPage](cfg.Pages)
-	refreshed, _ := lru.New[string, time.Time](cfg.Pages)
+	pages, _ := simplelru.NewLRU[pageKey, *cachedPage](cfg.Pages, nil)
+	refreshed, _ := simplelru.NewLRU[string, time.Time](cfg.Pages, nil)
 	own := *opts
 	// Its connections speak RESP2, where maintenance notifications do not
 	// exist; the config is a pointer that go-redis updates in place.
