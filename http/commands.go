@@ -123,9 +123,12 @@ func accepted(c *fiber.Ctx, seq uint64, ev events.Event) error {
 	return c.Status(fiber.StatusAccepted).JSON(body)
 }
 
-// formatTime writes times as the contract does: RFC 3339, UTC, milliseconds.
+// timeLayout is the contract's times: RFC 3339, UTC, milliseconds.
+const timeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// formatTime writes times as the contract does (timeLayout).
 func formatTime(t time.Time) string {
-	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+	return t.UTC().Format(timeLayout)
 }
 
 func (h *commands) createPost(c *fiber.Ctx) error {

@@ -34,16 +34,27 @@ type HomeFeedModel interface {
 }
 
 // FeedPosts hydrates the pages of the home feed (readmodel.Cache keeps them
-// in memory between reads). minPos is the reader's X-Min-Position (0: none).
+// in memory between reads): the posts of ids in their order, less those that
+// are gone. minPos is the reader's X-Min-Position (0: none).
 type FeedPosts interface {
-	Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID, minPos uint64) (map[domain.PostID]readmodel.Post, error)
+	Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID, minPos uint64) ([]readmodel.Post, error)
 }
 
 // modelPosts hydrates from the read model on every read.
 type modelPosts struct{ model HomeFeedModel }
 
-func (m modelPosts) Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID, _ uint64) (map[domain.PostID]readmodel.Post, error) {
-	return m.model.Posts(ctx, ids, viewer)
+func (m modelPosts) Posts(ctx context.Context, ids []domain.PostID, viewer domain.UserID, _ uint64) ([]readmodel.Post, error) {
+	byID, err := m.model.Posts(ctx, ids, viewer)
+	if err != nil {
+		return nil, err
+	}
+	posts := make([]readmodel.Post, 0, len(byID))
+	for _, id := range ids {
+		if p, ok := byID[id]; ok {
+			posts = append(posts, p)
+		}
+	}
+	return posts, nil
 }
 
 type homeFeed struct {
@@ -78,7 +89,16 @@ func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Regi
 		if h.cache == nil || h.model == nil {
 			return fmt.Errorf("no home feed is configured: %w", domain.ErrUnavailable)
 		}
-		want := minPosition(c)
+		want, err := minPositionHeader(c)
+		if err != nil {
+			return err
+		}
+		// A position known already answers at once, without awaitPosition's
+		// deadline for a lookup: a timer on every read.
+		if pos, ok := h.positions.known(c.UserContext(), want); ok {
+			c.Set(headerPosition, events.Position(pos))
+			return nil
+		}
 		return awaitPosition(c, func(ctx context.Context) (uint64, error) { return h.position(ctx, want) }, cfg.ConsistencyWait)
 	}
 	app.Get("/feed", deps.Auth.requireAuth, h.feed)
@@ -132,23 +152,10 @@ type positionFlight struct {
 // take far longer than the page itself.
 func (s *sharedPosition) get(ctx context.Context, min uint64) (uint64, error) {
 	for {
-		s.mu.Lock()
-		known := !s.at.IsZero()
-		fresh := known && time.Since(s.at) < s.ttl
-		if known && s.pos >= min && (fresh || min == 0) {
-			pos := s.pos
-			if !fresh && s.flight == nil {
-				f := &positionFlight{done: make(chan struct{})}
-				s.flight = f
-				go func() {
-					ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readTimeout)
-					defer cancel()
-					s.fly(ctx, f)
-				}()
-			}
-			s.mu.Unlock()
+		if pos, ok := s.known(ctx, min); ok {
 			return pos, nil
 		}
+		s.mu.Lock()
 		f := s.flight
 		if f == nil {
 			f = &positionFlight{done: make(chan struct{})}
@@ -170,6 +177,29 @@ func (s *sharedPosition) get(ctx context.Context, min uint64) (uint64, error) {
 	}
 }
 
+// known is get's answer when it needs no lookup: a position of at least min
+// looked up at most ttl ago, or for min 0 the last one (starting a lookup in
+// the background if it is older than ttl); ok is false if there is none.
+func (s *sharedPosition) known(ctx context.Context, min uint64) (pos uint64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	looked := !s.at.IsZero()
+	fresh := looked && time.Since(s.at) < s.ttl
+	if !looked || s.pos < min || (!fresh && min > 0) {
+		return 0, false
+	}
+	if !fresh && s.flight == nil {
+		f := &positionFlight{done: make(chan struct{})}
+		s.flight = f
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readTimeout)
+			defer cancel()
+			s.fly(ctx, f)
+		}()
+	}
+	return s.pos, true
+}
+
 func (s *sharedPosition) fly(ctx context.Context, f *positionFlight) {
 	began := time.Now()
 	f.pos, f.err = s.lookup(ctx)
@@ -180,12 +210,6 @@ func (s *sharedPosition) fly(ctx context.Context, f *positionFlight) {
 	s.flight = nil
 	s.mu.Unlock()
 	close(f.done)
-}
-
-type feedPageView struct {
-	Posts      []postView `json:"posts"`
-	NextCursor *string    `json:"next_cursor"`
-	HasMore    bool       `json:"has_more"`
 }
 
 // minPosition is the request's X-Min-Position, 0 when absent (awaitPosition
@@ -225,20 +249,14 @@ func (h *homeFeed) feed(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	view := feedPageView{Posts: []postView{}, HasMore: hasMore}
-	for _, id := range ids {
-		if post, ok := posts[id]; ok {
-			view.Posts = append(view.Posts, newPostView(post))
-		}
-	}
+	var next *domain.Cursor
 	if hasMore {
 		// From the id page, not the hydrated one: a post deleted meanwhile must
 		// not move the cursor back.
 		last := ids[len(ids)-1]
-		next := domain.Cursor{ID: int64(last), Unix: domain.IDTime(int64(last)).Unix()}
-		view.NextCursor = nextCursor(&next)
+		next = &domain.Cursor{ID: int64(last), Unix: domain.IDTime(int64(last)).Unix()}
 	}
-	return c.JSON(view)
+	return sendFeedPage(c, posts, next)
 }
 
 // hydrate reads the page's posts from the read model in one query. The feeds
@@ -247,7 +265,7 @@ func (h *homeFeed) feed(c *fiber.Ctx) error {
 // missing and the read model is behind the feeds, it waits (up to the
 // consistency bound) for it and reads once more. Posts still missing were
 // deleted.
-func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer domain.UserID, minPos uint64) (map[domain.PostID]readmodel.Post, error) {
+func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer domain.UserID, minPos uint64) ([]readmodel.Post, error) {
 	posts, err := h.posts.Posts(ctx, ids, viewer, minPos)
 	if err != nil || len(posts) == len(ids) {
 		return posts, err

@@ -3,6 +3,8 @@ package http
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +12,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections/feeds"
 )
 
 // fakePositions is a lookup of the feeds' position that counts its calls and,
@@ -145,4 +150,39 @@ func TestSharedPositionWaiterGivesUpWithItsRequest(t *testing.T) {
 	defer cancel()
 	_, err := s.get(ctx, 0)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// GET /feed answers X-Position from the feeds' position once it is known, and
+// refuses a malformed X-Min-Position all the same.
+func TestHomeFeedPositionHeaders(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{})
+	_, err := w.log.AppendEvent(context.Background(), "position-headers", time.Now(), events.UserFollowed{FollowerID: 1, FolloweeID: 2})
+	require.NoError(t, err)
+	w.settle(t)
+	want, err := w.reader.Position(context.Background())
+	require.NoError(t, err)
+	require.NotZero(t, want)
+	tok, err := w.auth.Mint(1, false, time.Now(), time.Hour)
+	require.NoError(t, err)
+	// get answers the status and X-Position of GET /feed.
+	get := func(minPosition string) (int, string) {
+		req := httptest.NewRequest(http.MethodGet, "/feed", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		if minPosition != "" {
+			req.Header.Set(headerMinPosition, minPosition)
+		}
+		resp, err := w.srv.App().Test(req, 30_000)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		return resp.StatusCode, resp.Header.Get(headerPosition)
+	}
+	for _, minPosition := range []string{"", "", events.Position(want)} {
+		status, pos := get(minPosition)
+		require.Equal(t, http.StatusOK, status)
+		assert.Equal(t, events.Position(want), pos)
+	}
+	for _, bad := range []string{"abc", "-1", "0x10"} {
+		status, _ := get(bad)
+		assert.Equal(t, http.StatusBadRequest, status, bad)
+	}
 }

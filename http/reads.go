@@ -81,12 +81,9 @@ type positionFunc func(context.Context) (uint64, error)
 // their input, so bad input never waits, and before querying, so the answer
 // reflects at least X-Position.
 func awaitPosition(c *fiber.Ctx, position positionFunc, wait time.Duration) error {
-	var want uint64
-	if h := c.Get(headerMinPosition); h != "" {
-		var err error
-		if want, err = events.ParsePosition(h); err != nil {
-			return fmt.Errorf("header %s: %w", headerMinPosition, err)
-		}
+	want, err := minPositionHeader(c)
+	if err != nil {
+		return err
 	}
 	ctx := c.UserContext()
 	poll := func() (uint64, error) {
@@ -117,6 +114,19 @@ func awaitPosition(c *fiber.Ctx, position positionFunc, wait time.Duration) erro
 	}
 	c.Set(headerPosition, events.Position(pos))
 	return nil
+}
+
+// minPositionHeader is the request's X-Min-Position, 0 when absent.
+func minPositionHeader(c *fiber.Ctx) (uint64, error) {
+	h := c.Get(headerMinPosition)
+	if h == "" {
+		return 0, nil
+	}
+	want, err := events.ParsePosition(h)
+	if err != nil {
+		return 0, fmt.Errorf("header %s: %w", headerMinPosition, err)
+	}
+	return want, nil
 }
 
 // ready waits for the read model to reach the request's X-Min-Position (see
@@ -160,7 +170,7 @@ func (h *reads) post(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(newPostView(p))
+	return sendPost(c, p)
 }
 
 func (h *reads) profileGridByQuery(c *fiber.Ctx) error {
@@ -237,27 +247,7 @@ func listPage[T any](h *reads, c *fiber.Ctx, query func(context.Context, *domain
 }
 
 // The answers' JSON, as API.md and openapi.yaml have them: ids as strings,
-// times by formatTime, lists never null.
-
-type postView struct {
-	ID           string      `json:"id"`
-	UserID       string      `json:"user_id"`
-	Caption      string      `json:"caption"`
-	CreatedAt    string      `json:"created_at"`
-	EditedAt     *string     `json:"edited_at"`
-	LikeCount    int         `json:"like_count"`
-	CommentCount int         `json:"comment_count"`
-	HasLiked     bool        `json:"has_liked"`
-	Media        []mediaView `json:"media"`
-}
-
-type mediaView struct {
-	URL         string `json:"url"`
-	ContentType string `json:"content_type"`
-	Width       int    `json:"width"`
-	Height      int    `json:"height"`
-	Position    int    `json:"position"`
-}
+// times by formatTime, lists never null. Posts are written by appendPost.
 
 type thumbnailView struct {
 	URL         string `json:"url"`
@@ -299,27 +289,6 @@ type userPageView struct {
 	HasMore    bool     `json:"has_more"`
 }
 
-// newPostView is a post as GET /posts/{id} (and the home feed) answer it.
-func newPostView(p readmodel.Post) postView {
-	b := postView{
-		ID:           p.ID.String(),
-		UserID:       p.UserID.String(),
-		Caption:      p.Caption,
-		CreatedAt:    formatTime(p.CreatedAt),
-		LikeCount:    p.LikeCount,
-		CommentCount: p.CommentCount,
-		HasLiked:     p.HasLiked,
-		Media: views(p.Media, func(m readmodel.Media) mediaView {
-			return mediaView{URL: mediaURL(m.Key), ContentType: m.ContentType, Width: m.Width, Height: m.Height, Position: m.Position}
-		}),
-	}
-	if p.EditedAt != nil {
-		edited := formatTime(*p.EditedAt)
-		b.EditedAt = &edited
-	}
-	return b
-}
-
 func newGridItemView(g readmodel.GridItem) gridItemView {
 	t := g.Thumbnail
 	return gridItemView{
@@ -335,9 +304,12 @@ func newCommentView(cm readmodel.Comment) commentView {
 	return commentView{ID: cm.ID.String(), UserID: cm.UserID.String(), Text: cm.Text, CreatedAt: formatTime(cm.CreatedAt)}
 }
 
+// mediaPath is where GET /media/{key} serves images.
+const mediaPath = "/media/"
+
 // mediaURL is where GET /media/{key} serves an image. Keys are hex digests with
 // an extension, so they need no escaping.
-func mediaURL(key string) string { return "/media/" + key }
+func mediaURL(key string) string { return mediaPath + key }
 
 // nextCursor writes a page's next cursor; null at the end.
 func nextCursor(c *domain.Cursor) *string {
