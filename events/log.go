@@ -214,7 +214,7 @@ func (l *Log) Get(ctx context.Context, seq uint64) (Record, error) {
 		}
 		return Record{}, fmt.Errorf("event %d: %w", seq, classify(err))
 	}
-	return l.decode(raw.Data, raw.Sequence, raw.Subject)
+	return l.Decode(raw.Data, raw.Sequence, raw.Subject)
 }
 
 // Position formats a log sequence as the opaque position clients see.

@@ -64,7 +64,7 @@ func (l *Log) Read(ctx context.Context, opts ReadOptions, fn func(Record) error)
 		}
 	}
 	return l.follow(ctx, "read", cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
-		rec, err := l.decode(msg.Data(), meta.Sequence.Stream, msg.Subject())
+		rec, err := l.Decode(msg.Data(), meta.Sequence.Stream, msg.Subject())
 		if err != nil {
 			return false, err
 		}
@@ -112,19 +112,10 @@ func (l *Log) follow(ctx context.Context, what string, cfg jetstream.OrderedCons
 	}
 }
 
-// DecodeMsg turns a message of a consumer of the log into a record; an unknown
-// type is counted and comes back with a nil Event.
-func (l *Log) DecodeMsg(msg jetstream.Msg) (Record, error) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		return Record{}, fmt.Errorf("message metadata: %w", err)
-	}
-	return l.decode(msg.Data(), meta.Sequence.Stream, msg.Subject())
-}
-
-// decode turns a stored message into a record; unknown types are counted and come
-// back with a nil Event, undecodable bodies are errors.
-func (l *Log) decode(data []byte, seq uint64, subject string) (Record, error) {
+// Decode turns a stored message body at seq on subject into a record; an
+// unknown type is counted and comes back with a nil Event, an undecodable
+// body is an error.
+func (l *Log) Decode(data []byte, seq uint64, subject string) (Record, error) {
 	env, ev, err := l.registry.Decode(data)
 	if err != nil {
 		if !errors.Is(err, ErrUnknownType) {

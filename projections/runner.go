@@ -40,6 +40,12 @@ type Verifier interface {
 	Verify(ctx context.Context) error
 }
 
+// BatchSizer is a projector that knows the batch size that suits it, for the
+// runner to use when its config names none.
+type BatchSizer interface {
+	BatchSize() int
+}
+
 // EventError is a failure caused by one event rather than by the projector's
 // store; an event that keeps failing is dead-lettered.
 type EventError struct {
@@ -52,9 +58,10 @@ func (e *EventError) Unwrap() error { return e.Err }
 
 // RunnerConfig holds a runner's optional knobs; the zero value works.
 type RunnerConfig struct {
-	// BatchSize is the most events applied together; default 2000. Batches are
-	// as large as the backlog allows, never waited for, so a large size costs
-	// live events no latency and makes replays fast.
+	// BatchSize is the most events applied together; default the
+	// projector's own (see BatchSizer), else 2000. Batches are as large as
+	// the backlog allows, never waited for, so a large size costs live events
+	// no latency and makes replays fast.
 	BatchSize int
 	// FetchWait is how long a fetch waits for events when caught up; default 1s.
 	FetchWait time.Duration
@@ -106,6 +113,9 @@ type Runner struct {
 
 // NewRunner returns a runner of p over log.
 func NewRunner(log *events.Log, p Projector, cfg RunnerConfig, metrics *Metrics, logger *slog.Logger) *Runner {
+	if s, ok := p.(BatchSizer); ok && cfg.BatchSize == 0 {
+		cfg.BatchSize = s.BatchSize()
+	}
 	return &Runner{
 		log:      log,
 		p:        p,
@@ -201,13 +211,13 @@ func (r *Runner) consume(ctx context.Context) error {
 		}
 		r.metrics.lag(r.p.Name(), f.pending)
 		records := f.records[:0]
-		for i, rec := range f.records {
+		for _, rec := range f.records {
 			if rec.Seq <= cp {
 				continue
 			}
-			if f.undecodable[i] != nil && !r.skip[rec.Seq] {
+			if bad, ok := f.undecodable[rec.Seq]; ok && !r.skip[rec.Seq] {
 				// A body that is not an envelope at all is a poison event too.
-				r.deadLetter(ctx, rec, f.raw[i], f.undecodable[i])
+				r.deadLetter(ctx, rec, bad.body, bad.err)
 			}
 			if r.skip[rec.Seq] {
 				rec.Event = nil
@@ -227,9 +237,6 @@ func (r *Runner) consume(ctx context.Context) error {
 		cp = records[len(records)-1].Seq
 		r.position.Store(cp)
 		r.metrics.applied(r.p.Name(), len(records), cp, time.Since(start))
-		// The checkpoint is committed; the ack only spares the server redelivery
-		// bookkeeping (a lost ack changes nothing: the next start is at cp+1).
-		_ = f.last.Ack()
 	}
 	return nil
 }
@@ -254,15 +261,23 @@ func (r *Runner) pull(cons jetstream.Consumer, n int, wait time.Duration, f *fet
 		if err != nil {
 			return fmt.Errorf("message metadata: %w", err)
 		}
-		rec, err := r.log.DecodeMsg(msg)
+		if f.records == nil {
+			// Sized once for what is there (a replay's batches are full, a
+			// live one's are small): a batch's records are most of what a
+			// fetch allocates.
+			f.records = make([]events.Record, 0, min(r.cfg.BatchSize, 1+int(meta.NumPending)))
+		}
+		rec, err := r.log.Decode(msg.Data(), meta.Sequence.Stream, msg.Subject())
 		if err != nil {
 			rec = events.Record{Seq: meta.Sequence.Stream, Subject: msg.Subject()}
 			rec.Type = "undecodable"
+			if f.undecodable == nil {
+				f.undecodable = map[uint64]undecodable{}
+			}
+			f.undecodable[rec.Seq] = undecodable{msg.Data(), err}
 		}
 		f.records = append(f.records, rec)
-		f.undecodable = append(f.undecodable, err)
-		f.raw = append(f.raw, msg.Data())
-		f.last, f.pending = msg, meta.NumPending
+		f.pending = meta.NumPending
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 		return fmt.Errorf("fetch: %w", classifyNATS(err))
@@ -273,15 +288,19 @@ func (r *Runner) pull(cons jetstream.Consumer, n int, wait time.Duration, f *fet
 // fetched is one batch as read from the consumer.
 type fetched struct {
 	records []events.Record
-	// undecodable holds the decode error of records whose body is not an
-	// envelope (their Event is nil), with the raw body beside it.
-	undecodable []error
-	raw         [][]byte
-	last        jetstream.Msg
+	// undecodable holds, by sequence, the records whose body is not an
+	// envelope (their Event is nil).
+	undecodable map[uint64]undecodable
 	pending     uint64
 	err         error
 	// idle marks a wait that ended with no event: the projector is caught up.
 	idle bool
+}
+
+// undecodable is a body that is not an envelope, and why.
+type undecodable struct {
+	body []byte
+	err  error
 }
 
 // fetch reads batches in order and hands them over until ctx ends or a fetch
@@ -388,7 +407,10 @@ func (r *Runner) ensureDeadLetterStream(ctx context.Context) error {
 
 // consumerAt (re)creates the projector's durable consumer so that it delivers
 // from seq on. The checkpoint, not the consumer's own state, is the truth:
-// recreating it is how a projector rewinds.
+// recreating it is how a projector rewinds. So the consumer keeps no state
+// worth the server's work: no acks (nothing is ever redelivered, which also
+// keeps deliveries in log order), its state in memory, and no filter (the
+// stream holds only events; a filter costs a subject match per event).
 func (r *Runner) consumerAt(ctx context.Context, seq uint64) (jetstream.Consumer, error) {
 	js, stream, name := r.log.JetStream(), r.log.Stream(), ConsumerName(r.p.Name())
 	if err := js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -399,10 +421,8 @@ func (r *Runner) consumerAt(ctx context.Context, seq uint64) (jetstream.Consumer
 		Description:   "Projector " + r.p.Name() + "; recreated at its checkpoint+1 on every start and failure.",
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:   seq,
-		AckPolicy:     jetstream.AckAllPolicy,
-		AckWait:       5 * time.Minute,
-		MaxAckPending: -1,
-		FilterSubject: events.AllSubjects,
+		AckPolicy:     jetstream.AckNonePolicy,
+		MemoryStorage: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s at %d: %w", name, seq, classifyNATS(err))

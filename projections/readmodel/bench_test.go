@@ -129,7 +129,8 @@ func publishMixed(b *testing.B, js jetstream.JetStream, n int) {
 		m.Data = data
 		m.Header.Set(jetstream.MsgIDHeader, env.ID)
 		m.Header.Set(events.TypeHeader, env.Type)
-		if _, err := js.PublishMsgAsync(m); err != nil {
+		// A busy machine takes a while to store 4 096 messages.
+		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -42,6 +42,13 @@ func NewProjector(pool *pgxpool.Pool, metrics *projections.Metrics) *Projector {
 // Name implements projections.Projector.
 func (p *Projector) Name() string { return ProjectorName }
 
+// BatchSize implements projections.BatchSizer. A batch's cost has a part
+// that its size does not change (two round trips, a commit) and statements
+// that take each post and pair once however many of its events it holds; in
+// a replay (BenchmarkReplay), batches of 8 000 events cost Postgres a fifth
+// less than batches of 2 000, and larger ones no less.
+func (p *Projector) BatchSize() int { return 8000 }
+
 // Checkpoint implements projections.Projector.
 func (p *Projector) Checkpoint(ctx context.Context) (uint64, error) {
 	pos, err := p.stored(ctx)

@@ -2,6 +2,7 @@ package readmodel_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -424,7 +425,7 @@ func replay(t *testing.T, log *events.Log, pool *pgxpool.Pool) {
 }
 
 // faulty wraps the projector with the failures of real life: a transaction
-// cut off half-way, and a crash after commit but before the ack.
+// cut off half-way, and a crash after commit but before the runner knows.
 type faulty struct {
 	*readmodel.Projector
 	rng              *rand.Rand
@@ -443,7 +444,7 @@ func (f *faulty) Apply(ctx context.Context, batch []events.Record) error {
 		}
 		return nil
 	case 1:
-		// Committed, then "killed" before the ack: the runner rewinds.
+		// Committed, then "killed" before the runner knows: it rewinds.
 		f.crashed++
 		if err := f.Projector.Apply(ctx, batch); err != nil {
 			return err
@@ -477,8 +478,8 @@ func runUntil(t *testing.T, log *events.Log, p projections.Projector, cfg projec
 }
 
 // TestExactlyOnceUnderFailure applies thousands of events through the runner
-// while transactions fail half-way, the process "crashes" between commit and
-// ack, the consumer disappears (redelivery) and Postgres connections are killed;
+// while transactions fail half-way, the process "crashes" right after a commit,
+// the consumer disappears (redelivery) and Postgres connections are killed;
 // the result must equal a clean replay row for row.
 func TestExactlyOnceUnderFailure(t *testing.T) {
 	pg := localstack.PostgresForTest(t)
@@ -498,8 +499,8 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 				killed++
 			}
 		case 1:
-			// The consumer vanishes: its undelivered and unacked events must
-			// come again, from the checkpoint.
+			// The consumer vanishes: the events not yet applied must come
+			// again, from the checkpoint.
 			if log.JetStream().DeleteConsumer(context.Background(), log.Stream(), projections.ConsumerName(readmodel.ProjectorName)) == nil {
 				deleted++
 			}
@@ -515,6 +516,8 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 	// Counts agree with the rows they count.
 	assert.Equal(t, "[0]", pjQuery(t, live, `SELECT count(*) FROM posts p WHERE like_count <> (SELECT count(*) FROM likes l WHERE l.post_id = p.id)`))
 	assert.Equal(t, "[0]", pjQuery(t, live, `SELECT count(*) FROM posts p WHERE comment_count <> (SELECT count(*) FROM comments c WHERE c.post_id = p.id)`))
+	// No image without its post (no foreign key checks it: migration 3).
+	assert.Equal(t, "[0]", pjQuery(t, live, `SELECT count(*) FROM post_media m WHERE NOT EXISTS (SELECT FROM posts p WHERE p.id = m.post_id)`))
 }
 
 // TestReplayEquivalence drops the live read model and replays it through the
@@ -575,6 +578,58 @@ func TestPoisonEventIsDeadLettered(t *testing.T) {
 		}
 	}
 	assert.True(t, found)
+}
+
+// TestUndecodableAndUnknownEvents: a body that is not an envelope is a poison
+// event, dead-lettered at once with its bytes; an event of a type this build
+// does not know is skipped and counted; the events around both are applied.
+func TestUndecodableAndUnknownEvents(t *testing.T) {
+	ctx := context.Background()
+	pool := pjDatabase(t, localstack.PostgresForTest(t), "undecodable")
+	nc, err := nats.Connect(localstack.NATSForTest(t).ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	logMetrics := events.NewMetrics(prometheus.NewRegistry())
+	log, err := events.OpenLog(ctx, js, events.Config{}, logMetrics)
+	require.NoError(t, err)
+	t.Cleanup(log.Close)
+
+	const post = domain.PostID(1 << 30)
+	_, err = log.AppendEvent(ctx, "a", t0, created(post, 5))
+	require.NoError(t, err)
+	subject := events.Subject(6, events.KindLike, int64(post))
+	_, err = js.Publish(ctx, subject, []byte("not an envelope"))
+	require.NoError(t, err)
+	future, err := json.Marshal(events.Envelope{ID: "b", Type: "post.boosted.v9", OccurredAt: t0, Actor: 6, Payload: json.RawMessage(`{"post_id":"1"}`)})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, subject, future)
+	require.NoError(t, err)
+	_, err = log.AppendEvent(ctx, "c", t0, events.PostLiked{UserID: 6, PostID: post})
+	require.NoError(t, err)
+
+	reg := prometheus.NewRegistry()
+	metrics := projections.NewMetrics(reg)
+	runUntilWithMetrics(t, log, readmodel.NewProjector(pool, metrics), metrics)
+
+	assert.Equal(t, "[1]", pjQuery(t, pool, `SELECT like_count FROM posts`))
+	assert.InDelta(t, 1, logMetrics.UnknownTypes(), 0)
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	deadLetters := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "feed_projector_dead_letters_total" {
+			deadLetters = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	assert.InDelta(t, 1, deadLetters, 0)
+	dl, err := log.JetStream().Stream(ctx, projections.DeadLetterStream)
+	require.NoError(t, err)
+	msg, err := dl.GetLastMsgForSubject(ctx, "deadletter.readmodel.>")
+	require.NoError(t, err)
+	assert.Equal(t, "deadletter.readmodel.2", msg.Subject)
+	assert.Contains(t, string(msg.Data), `"event":"not an envelope"`)
 }
 
 func runUntilWithMetrics(t *testing.T, log *events.Log, p projections.Projector, m *projections.Metrics) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -91,10 +92,16 @@ func dropSchema(ctx context.Context, conn *pgx.Conn, schema string) error {
 	return nil
 }
 
-// Close releases the lock and the shadow's connections.
+// Close releases the lock and the shadow's connections. The lock is released
+// by name first: the end of its session frees it too, but only once the
+// server has handled the disconnection, after Close returns, and a rebuild
+// opened right after this one closes must find it free.
 func (r *Rebuild) Close() {
 	r.pool.Close()
-	_ = r.conn.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = r.conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, rebuildLockKey)
+	_ = r.conn.Close(ctx)
 }
 
 // Switch implements projections.Shadow. In one transaction it locks the live

@@ -1,0 +1,91 @@
+package projections_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections"
+)
+
+// sized is a projector that names its batch size and records the sizes of
+// the batches it is given.
+type sized struct {
+	size int
+
+	mu      sync.Mutex
+	applied uint64
+	batches []int
+}
+
+func (s *sized) Name() string   { return "sized" }
+func (s *sized) BatchSize() int { return s.size }
+
+func (s *sized) Checkpoint(context.Context) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applied, nil
+}
+
+func (s *sized) Apply(_ context.Context, batch []events.Record) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.batches = append(s.batches, len(batch))
+	s.applied = batch[len(batch)-1].Seq
+	return nil
+}
+
+// TestRunnerTakesTheProjectorsBatchSize: a backlog comes in batches of the
+// size the projector names, unless the runner's config names one.
+func TestRunnerTakesTheProjectorsBatchSize(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		config, want int
+	}{
+		{"the projector's", 0, 3},
+		{"the config's over the projector's", 5, 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			nc, err := nats.Connect(localstack.NATSForTest(t).ClientURL())
+			require.NoError(t, err)
+			t.Cleanup(nc.Close)
+			js, err := jetstream.New(nc)
+			require.NoError(t, err)
+			log, err := events.OpenLog(ctx, js, events.Config{}, nil)
+			require.NoError(t, err)
+			t.Cleanup(log.Close)
+			const n = 12
+			for i := range n {
+				_, err := log.AppendEvent(ctx, fmt.Sprint(i), time.Now(), events.UserFollowed{FollowerID: domain.UserID(i + 1), FolloweeID: 99})
+				require.NoError(t, err)
+			}
+
+			p := &sized{size: 3}
+			r := projections.NewRunner(log, p, projections.RunnerConfig{BatchSize: c.config, FetchWait: 100 * time.Millisecond},
+				nil, slog.New(slog.DiscardHandler))
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			require.Eventually(t, func() bool { return r.Position() == n }, 10*time.Second, 5*time.Millisecond)
+			cancel()
+			require.NoError(t, <-done)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			assert.Equal(t, c.want, p.batches[0], "batches %v", p.batches)
+			assert.Equal(t, c.want, slices.Max(p.batches), "batches %v", p.batches)
+		})
+	}
+}
