@@ -22,7 +22,11 @@ const (
 	// benchChunk is how many items the planner puts in one fan-out message
 	// (PlannerConfig.ItemsPerMessage's default), so how many one ApplyItems call
 	// of an applier gets.
-	benchChunk = 200
+	benchChunk = 2000
+	// setupChunk is how many inboxes one setup call materialises: each takes
+	// some 3.7 ms of Redis when full, and a pipeline must finish within the
+	// client's read timeout.
+	setupChunk = 200
 	// benchEntries is about how many inbox entries one measurement writes: the
 	// posts of authors with few followers are fanned out one after another
 	// until then (at most benchMaxPosts of them, so the zsets stay small).
@@ -96,8 +100,8 @@ func applyChunks(ctx context.Context, store *feeds.Store, parts [][][]feeds.Item
 }
 
 // byPartition splits work by recipient partition and chunks each partition's
-// share, as Planner.publish does.
-func byPartition[T any](work []T, recipient func(T) domain.UserID, partitions int) [][][]T {
+// share, as Planner.publish does, chunk items a message.
+func byPartition[T any](work []T, recipient func(T) domain.UserID, partitions, chunk int) [][][]T {
 	parts := make([][]T, partitions)
 	for _, w := range work {
 		p := feeds.Partition(recipient(w), partitions)
@@ -105,7 +109,7 @@ func byPartition[T any](work []T, recipient func(T) domain.UserID, partitions in
 	}
 	out := make([][][]T, partitions)
 	for p, share := range parts {
-		out[p] = slices.Collect(slices.Chunk(share, benchChunk))
+		out[p] = slices.Collect(slices.Chunk(share, chunk))
 	}
 	return out
 }
@@ -143,7 +147,7 @@ func rawZAdd(ctx context.Context, rdb *redis.Client, parts [][][]domain.UserID, 
 // second the appliers write with Store.ApplyItems while fanning out a post of
 // an author with 10, 1 000 and 50 000 followers, every follower's inbox
 // materialised (20 posts; and, for 1 000 followers, full at 500 so every push
-// also trims), the work split and chunked as the planner does (200 items a
+// also trims), the work split and chunked as the planner does (2 000 items a
 // message) and applied as the appliers do (each partition one message at a
 // time), with 1 partition and with 4 in parallel; next to the raw limit, the
 // same chunks as pipelined ZADD key score member into as many distinct keys of
@@ -187,9 +191,9 @@ func BenchmarkFanout(b *testing.B) {
 							for i, f := range followers {
 								items[i] = feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpPush, Posts: []domain.PostID{round[r]}}
 							}
-							work[r] = byPartition(items, itemRecipient, partitions)
+							work[r] = byPartition(items, itemRecipient, partitions, benchChunk)
 						}
-						keys := byPartition(followers, self, partitions)
+						keys := byPartition(followers, self, partitions, benchChunk)
 						entries := float64(rounds * len(followers))
 
 						raw := measure(b, rdb, entries, func(ctx context.Context) error {
@@ -277,7 +281,7 @@ func setupFollowers(b *testing.B, rdb *redis.Client, store *feeds.Store, followe
 	for i, f := range followers {
 		items[i] = feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpMaterialise, Posts: posts}
 	}
-	applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1))
+	applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1, setupChunk))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -323,7 +327,7 @@ func BenchmarkInboxMemory(b *testing.B) {
 			start := (i * 7) % (len(all) - size)
 			items[i] = feeds.Item{Recipient: domain.UserID(round*inboxes + i + 1), Seq: 1, Op: feeds.OpMaterialise, Posts: all[start : start+size]}
 		}
-		applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1))
+		applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1, setupChunk))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -51,7 +51,10 @@ type PlannerConfig struct {
 	// Changing it needs the fan-out stream drained first.
 	Partitions int
 	// ItemsPerMessage bounds the work items in one fan-out message (seed 000's
-	// feedUpdateBatchSize); default 200.
+	// feedUpdateBatchSize); default 2 000. Under sync always each message is
+	// synced on its own, at publish and again when applied work is removed,
+	// so fewer larger messages spare the disk; an applier still applies a
+	// message in script calls of bounded size (stCallArgs).
 	ItemsPerMessage int
 
 	// version pins a rebuild's planner to its keyspace version and fanout to
@@ -65,7 +68,7 @@ func (c PlannerConfig) withDefaults() PlannerConfig {
 		c.Partitions = 4
 	}
 	if c.ItemsPerMessage == 0 {
-		c.ItemsPerMessage = 200
+		c.ItemsPerMessage = 2000
 	}
 	if c.fanout == (Fanout{}) {
 		c.fanout = liveFanout

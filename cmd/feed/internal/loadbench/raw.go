@@ -14,8 +14,8 @@ import (
 )
 
 // Raw limit measurements: ZADDs are pipelined rawChunk at a time from
-// rawWorkers goroutines into rawKeys keys (as the feed appliers write inboxes:
-// 200 items a message, 4 partitions); messages are the size of a post event.
+// rawWorkers goroutines (as many as the feed appliers' partitions) into
+// rawKeys keys; messages are the size of a post event.
 const (
 	rawChunk   = 200
 	rawWorkers = 4
