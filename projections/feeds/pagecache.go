@@ -153,6 +153,10 @@ func NewPageCache(reader *Reader, opts *redis.Options, cfg PageCacheConfig, reg 
 // log position minPos (0: none) is always made in Redis.
 func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, n int, minPos uint64) (Page, error) {
 	s := c.reader.store(ctx)
+	if !s.batch {
+		// A page reads keys of several hash slots in one transaction.
+		return c.reader.Page(ctx, user, before, n, minPos)
+	}
 	key := pageKey{s.prefix, user, before, n}
 	c.mu.Lock()
 	tracked, epoch, since := c.tracked, c.epoch, c.heard

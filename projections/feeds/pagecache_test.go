@@ -156,3 +156,33 @@ func TestPageCacheAfterItsSubscriberIsKilled(t *testing.T) {
 		return assert.ObjectsAreEqual(ids(30, 20, 10), cachedPage(t, c).Posts)
 	}, 2*time.Second, time.Millisecond, "a change after the reconnection")
 }
+
+// TestPageCacheOverARingReadsThroughTheReader: a page's transaction spans
+// hash slots, so over a Ring (or a Cluster) the cache keeps nothing, even
+// while it follows the invalidations, and every page is the Reader's.
+func TestPageCacheOverARingReadsThroughTheReader(t *testing.T) {
+	t.Parallel()
+	_, rdb := newStore(t, feeds.Config{})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": rdb.Options().Addr}})
+	t.Cleanup(func() { _ = ring.Close() })
+	s := feeds.NewStore(ring, feeds.Config{InboxCap: 5, TTL: time.Hour})
+	ctx := t.Context()
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
+	require.NoError(t, err)
+	c := feeds.NewPageCache(feeds.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, feeds.PageCacheConfig{}, nil, slog.New(slog.DiscardHandler))
+	following, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(following) }()
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, <-done)
+	})
+	require.Eventually(t, c.Following, 5*time.Second, time.Millisecond)
+
+	for range 2 {
+		page, err := c.Page(ctx, alice, 0, 10, 0)
+		require.NoError(t, err)
+		assert.Equal(t, feeds.Page{Materialised: true, Posts: ids(20, 10)}, page)
+	}
+	assert.Zero(t, c.Lookups("hit")+c.Lookups("miss"), "nothing is looked up in memory")
+}
