@@ -21,6 +21,14 @@ func newPageCache(t *testing.T, cfg feeds.Config) (*feeds.Store, *feeds.PageCach
 	t.Helper()
 	s, rdb := newStore(t, cfg)
 	c := feeds.NewPageCache(feeds.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, feeds.PageCacheConfig{MaxAge: time.Hour}, nil, slog.New(slog.DiscardHandler))
+	follow(t, c)
+	return s, c, rdb
+}
+
+// follow runs c until the test ends, and waits until it follows the
+// invalidations.
+func follow(t *testing.T, c *feeds.PageCache) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -29,7 +37,6 @@ func newPageCache(t *testing.T, cfg feeds.Config) (*feeds.Store, *feeds.PageCach
 		require.NoError(t, <-done)
 	})
 	require.Eventually(t, c.Following, 5*time.Second, time.Millisecond, "the cache never followed the invalidations")
-	return s, c, rdb
 }
 
 // cachedPage is alice's first page through the cache.
@@ -170,14 +177,7 @@ func TestPageCacheOverARingReadsThroughTheReader(t *testing.T) {
 	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
 	require.NoError(t, err)
 	c := feeds.NewPageCache(feeds.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, feeds.PageCacheConfig{}, nil, slog.New(slog.DiscardHandler))
-	following, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(following) }()
-	t.Cleanup(func() {
-		stop()
-		require.NoError(t, <-done)
-	})
-	require.Eventually(t, c.Following, 5*time.Second, time.Millisecond)
+	follow(t, c)
 
 	for range 2 {
 		page, err := c.Page(ctx, alice, 0, 10, 0)
