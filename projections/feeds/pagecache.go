@@ -43,6 +43,8 @@ type PageCache struct {
 	log    *slog.Logger
 
 	lookups *prometheus.CounterVec
+	// The lookups' counters by result, resolved once: every read counts one.
+	hit, miss, fresh, off prometheus.Counter
 
 	mu sync.Mutex
 	// tracked reads the pages: its connections redirect their invalidations
@@ -143,6 +145,8 @@ func NewPageCache(reader *Reader, opts *redis.Options, cfg PageCacheConfig, reg 
 			Help: "Home feed pages looked up in the API process's page cache, by result: hit, miss (read from Redis), fresh (a read with X-Min-Position, always from Redis) or off (invalidations not followed).",
 		}, []string{"result"}),
 	}
+	c.hit, c.miss = c.lookups.WithLabelValues("hit"), c.lookups.WithLabelValues("miss")
+	c.fresh, c.off = c.lookups.WithLabelValues("fresh"), c.lookups.WithLabelValues("off")
 	if reg != nil {
 		reg.MustRegister(c.lookups)
 	}
@@ -164,7 +168,7 @@ func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, 
 		if c.valid(e) {
 			page := e.page
 			c.mu.Unlock()
-			c.lookups.WithLabelValues("hit").Inc()
+			c.hit.Inc()
 			// Callers may append to the posts: not into the cache's array.
 			page.Posts = slices.Clip(page.Posts)
 			return page, nil
@@ -176,12 +180,12 @@ func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, 
 
 	switch {
 	case tracked == nil:
-		c.lookups.WithLabelValues("off").Inc()
+		c.off.Inc()
 		return c.reader.Page(ctx, user, before, n, minPos)
 	case minPos > 0:
-		c.lookups.WithLabelValues("fresh").Inc()
+		c.fresh.Inc()
 	default:
-		c.lookups.WithLabelValues("miss").Inc()
+		c.miss.Inc()
 	}
 	ts := *s
 	ts.rdb = tracked
