@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,7 +26,10 @@ import (
 
 // BenchmarkReplay measures, in one run: the events/s the read model projector
 // applies during a full replay of 100 000 mixed events, the raw rate at which
-// an ordered consumer reads the same stream, and their ratio.
+// an ordered consumer reads the same stream, and their ratio; with the CPU
+// time the replay took in this process (the embedded NATS server included)
+// and in Postgres. FEED_BENCH_CPUPROFILE names a file for a CPU profile of
+// the replay alone.
 //
 //	go test -run '^$' -bench BenchmarkReplay -benchtime 1x ./projections/readmodel
 func BenchmarkReplay(b *testing.B) {
@@ -62,12 +67,16 @@ func BenchmarkReplay(b *testing.B) {
 		rctx, cancel := context.WithCancel(ctx)
 		r := projections.NewRunner(log, readmodel.NewProjector(pool, nil), projections.RunnerConfig{BatchSize: benchBatch()}, nil, quiet)
 		done := make(chan error, 1)
+		stopProfile := startProfile(b)
+		goCPU, pgCPU := processCPU(b, os.Getpid(), false), processCPU(b, pg.PID(), true)
 		start := time.Now()
 		go func() { done <- r.Run(rctx) }()
 		for r.Position() < n {
 			time.Sleep(5 * time.Millisecond)
 		}
 		applied := float64(n) / time.Since(start).Seconds()
+		goCPU, pgCPU = processCPU(b, os.Getpid(), false)-goCPU, processCPU(b, pg.PID(), true)-pgCPU
+		stopProfile()
 		cancel()
 		if err := <-done; err != nil {
 			b.Fatal(err)
@@ -76,7 +85,10 @@ func BenchmarkReplay(b *testing.B) {
 		b.ReportMetric(applied, "applied-events/s")
 		b.ReportMetric(raw, "raw-read-events/s")
 		b.ReportMetric(applied/raw, "ratio")
-		fmt.Fprintf(os.Stderr, "replay of %d events: projector %.0f events/s, raw ordered read %.0f events/s, ratio %.2f\n", n, applied, raw, applied/raw)
+		b.ReportMetric(goCPU.Seconds(), "go-cpu-s")
+		b.ReportMetric(pgCPU.Seconds(), "postgres-cpu-s")
+		fmt.Fprintf(os.Stderr, "replay of %d events: projector %.0f events/s, raw ordered read %.0f events/s, ratio %.2f; CPU: Go %.2fs, Postgres %.2fs\n",
+			n, applied, raw, applied/raw, goCPU.Seconds(), pgCPU.Seconds())
 	}
 }
 
@@ -161,6 +173,65 @@ func rawOrderedRead(b *testing.B, js jetstream.JetStream, stream string, n int) 
 		}
 	}
 	return float64(n) / time.Since(start).Seconds()
+}
+
+// startProfile writes a CPU profile of the replay alone (not of the
+// publishing and the raw read) to FEED_BENCH_CPUPROFILE, when set.
+func startProfile(b *testing.B) (stop func()) {
+	path := os.Getenv("FEED_BENCH_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
+}
+
+// processCPU is the CPU time pid has used so far (Linux), with that of its
+// children (live ones and those it waited for) if children is set: a
+// Postgres server's work is done by its backends.
+func processCPU(b *testing.B, pid int, children bool) time.Duration {
+	ticks := func(stat string, fields ...int) (sum int64, ppid int) {
+		// "pid (comm) state ppid ...": comm may hold spaces, so fields are
+		// counted after its closing parenthesis.
+		f := strings.Fields(stat[strings.LastIndexByte(stat, ')')+1:])
+		ppid, _ = strconv.Atoi(f[1])
+		for _, i := range fields {
+			v, _ := strconv.ParseInt(f[i-3], 10, 64)
+			sum += v
+		}
+		return sum, ppid
+	}
+	const utime, stime, cutime, cstime = 14, 15, 16, 17
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	total, _ := ticks(string(stat), utime, stime)
+	if children {
+		waited, _ := ticks(string(stat), cutime, cstime)
+		total += waited
+		procs, _ := os.ReadDir("/proc")
+		for _, p := range procs {
+			stat, err := os.ReadFile("/proc/" + p.Name() + "/stat")
+			if err != nil {
+				continue // not a process, or gone
+			}
+			if t, ppid := ticks(string(stat), utime, stime); ppid == pid {
+				total += t
+			}
+		}
+	}
+	const hz = 100 // USER_HZ on Linux
+	return time.Duration(total) * time.Second / hz
 }
 
 // benchBatch is the runner's batch size, FEED_BENCH_BATCH to vary it.

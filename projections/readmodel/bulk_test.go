@@ -2,9 +2,11 @@ package readmodel
 
 import (
 	"context"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -102,4 +104,34 @@ func explain(t *testing.T, pool *pgxpool.Pool, stmt string, args []string, mode 
 	_, err = tx.Exec(ctx, "DEALLOCATE q")
 	require.NoError(t, err)
 	return strings.Join(lines, "\n")
+}
+
+// TestPlanReset fills every column of a plan with a row and checks that reset
+// empties each, keeping its memory.
+func TestPlanReset(t *testing.T) {
+	var pl plan
+	var columns func(v reflect.Value, path string, f func(reflect.Value, string))
+	columns = func(v reflect.Value, path string, f func(reflect.Value, string)) {
+		for i := range v.NumField() {
+			field, name := v.Field(i), path+"."+v.Type().Field(i).Name
+			if field.Kind() == reflect.Struct {
+				columns(field, name, f)
+				continue
+			}
+			require.Equal(t, reflect.Slice, field.Kind(), name)
+			// The fields are unexported: reach them through their address.
+			f(reflect.NewAt(field.Type(), unsafe.Pointer(field.UnsafeAddr())).Elem(), name)
+		}
+	}
+	n := 0
+	columns(reflect.ValueOf(&pl).Elem(), "plan", func(c reflect.Value, _ string) {
+		c.Set(reflect.MakeSlice(c.Type(), 1, 4))
+		n++
+	})
+	require.Greater(t, n, 30)
+	pl.reset()
+	columns(reflect.ValueOf(&pl).Elem(), "plan", func(c reflect.Value, name string) {
+		assert.Zero(t, c.Len(), name)
+		assert.Equal(t, 4, c.Cap(), name)
+	})
 }

@@ -32,6 +32,10 @@ type Projector struct {
 	// one (a rebuild's switch, a restore): the runner must rewind to it, or the
 	// events between would be missing from the new one for good.
 	applied atomic.Uint64
+	// planner is the memory of planning, used again by each batch: Apply is
+	// called one batch at a time (by a Runner, by a replay), never by two
+	// goroutines at once.
+	planner planner
 }
 
 // NewProjector returns the read model projector writing to pool.
@@ -90,7 +94,8 @@ func (p *Projector) Verify(ctx context.Context) error {
 // Apply implements projections.Projector. A batch is played against the rows
 // it is about and written as a few set-based statements (see plan); if one of
 // them fails on the data, the batch is applied again event by event, which
-// names the event at fault.
+// names the event at fault. It must not be called concurrently: two instances
+// are two Projectors.
 func (p *Projector) Apply(ctx context.Context, batch []events.Record) error {
 	err := p.apply(ctx, batch, true)
 	if isDataError(err) {
@@ -176,7 +181,7 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 	b.Queue(planWrites)
 	owner := []uint64{0} // the event of each queued statement, 0 for none or several
 	if bulk {
-		planOf(records, merged, st).queueWrites(&b)
+		p.planner.planOf(records, merged, st).queueWrites(&b)
 		owner = make([]uint64, b.Len())
 	} else {
 		for _, rec := range records {
@@ -266,18 +271,18 @@ func after(batch []events.Record, seq uint64) int {
 // following someone already followed (unless the batch unfollowed them
 // first), unfollowing someone not followed. It filters merged.Records in
 // place.
-func dropNoops(merged projections.Merged, following map[projections.FollowPair]bool) ([]events.Record, int) {
+func dropNoops(merged projections.Merged, following set[projections.FollowPair]) ([]events.Record, int) {
 	out := merged.Records[:0]
 	noops := 0
 	for _, rec := range merged.Records {
 		switch e := rec.Event.(type) {
 		case events.UserFollowed:
-			if following[projections.FollowPair{Follower: e.FollowerID, Followee: e.FolloweeID}] && !merged.Restarted[rec.Seq] {
+			if following.has(projections.FollowPair{Follower: e.FollowerID, Followee: e.FolloweeID}) && !merged.Restarted[rec.Seq] {
 				noops++
 				continue
 			}
 		case events.UserUnfollowed:
-			if !following[projections.FollowPair{Follower: e.FollowerID, Followee: e.FolloweeID}] {
+			if !following.has(projections.FollowPair{Follower: e.FollowerID, Followee: e.FolloweeID}) {
 				noops++
 				continue
 			}
