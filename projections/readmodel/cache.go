@@ -31,7 +31,10 @@ import (
 // A read with X-Min-Position above what the cache has heard of skips it, so a
 // client reads its own edits and likes; while the log cannot be followed the
 // cache serves nothing. Entries also expire after MaxAge, which bounds what an
-// operator's partial rebuild (replay --from) could leave behind.
+// operator's partial rebuild (replay --from) could leave behind. An entry read
+// when past half its MaxAge is served and read again from Postgres in the
+// background (refresh), so the posts in use do not all expire at once, each
+// page of them then waiting for Postgres.
 type Cache struct {
 	store  *Store
 	log    *events.Log
@@ -57,10 +60,19 @@ type Cache struct {
 	// is its post's: a like changes the post's count too).
 	dirty map[domain.PostID]uint64
 
+	// pending holds the entries to read again (refresh), a post alone under
+	// viewer 0; wake tells the refresher there are some.
+	pending map[viewerLike]bool
+	wake    chan struct{}
+
 	// beforeFill, if set, runs between a read from Postgres and its fill, for
 	// tests of that race.
 	beforeFill func()
 }
+
+// maxPending bounds the entries waiting to be read again; past it, entries
+// expire and are read by the page that needs them.
+const maxPending = 10_000
 
 // CacheConfig sizes a Cache; zero fields take the defaults.
 type CacheConfig struct {
@@ -123,6 +135,7 @@ func NewCache(store *Store, log *events.Log, cfg CacheConfig, reg prometheus.Reg
 	c := &Cache{
 		store: store, log: log, cfg: cfg, logger: logger,
 		hits: lookups.WithLabelValues("hit"), misses: lookups.WithLabelValues("miss"),
+		wake: make(chan struct{}, 1),
 	}
 	c.reset(0)
 	return c
@@ -135,6 +148,7 @@ func (c *Cache) reset(floor uint64) {
 	c.posts, _ = simplelru.NewLRU[domain.PostID, cachedPost](c.cfg.Posts, nil)
 	c.likes, _ = simplelru.NewLRU[viewerLike, cachedLike](c.cfg.Likes, nil)
 	c.dirty = make(map[domain.PostID]uint64)
+	c.pending = make(map[viewerLike]bool)
 	c.floor, c.model, c.modelBefore = floor, floor, floor
 	c.pruned = time.Now()
 }
@@ -142,6 +156,12 @@ func (c *Cache) reset(floor uint64) {
 // Run follows the log and keeps the cache current until ctx ends. When it
 // cannot follow the log, the cache serves nothing until it can again.
 func (c *Cache) Run(ctx context.Context) error {
+	refreshing := make(chan struct{})
+	go func() {
+		defer close(refreshing)
+		c.refresh(ctx)
+	}()
+	defer func() { <-refreshing }()
 	const firstBackoff = 100 * time.Millisecond
 	backoff := firstBackoff
 	for {
@@ -159,7 +179,7 @@ func (c *Cache) Run(ctx context.Context) error {
 		c.reset(0)
 		c.mu.Unlock()
 		if ctx.Err() != nil {
-			return nil //nolint:nilerr // the end of ctx, not a failure to report
+			return nil // the end of ctx, not a failure to report
 		}
 		c.logger.Warn("post cache cannot follow the log; reads go to postgres", "err", err)
 		if time.Since(began) > time.Minute {
@@ -284,6 +304,7 @@ func (c *Cache) cached(ids []domain.PostID, viewer domain.UserID, minPos uint64,
 			missing = append(missing, id)
 			continue
 		}
+		old := now.Sub(e.at) >= c.cfg.MaxAge/2
 		if viewer != 0 {
 			l, ok := c.likes.Get(viewerLike{viewer: viewer, post: id})
 			if !ok || now.Sub(l.at) >= c.cfg.MaxAge {
@@ -291,6 +312,10 @@ func (c *Cache) cached(ids []domain.PostID, viewer domain.UserID, minPos uint64,
 				continue
 			}
 			e.post.HasLiked = l.liked
+			old = old || now.Sub(l.at) >= c.cfg.MaxAge/2
+		}
+		if old {
+			c.queueRefresh(viewerLike{viewer: viewer, post: id})
 		}
 		out[i] = e.post
 	}
@@ -302,6 +327,50 @@ func (c *Cache) cached(ids []domain.PostID, viewer domain.UserID, minPos uint64,
 		c.misses.Add(float64(len(missing)))
 	}
 	return missing
+}
+
+// queueRefresh asks the refresher to read k's post (and viewer's like of it)
+// again. The caller holds mu.
+func (c *Cache) queueRefresh(k viewerLike) {
+	if c.pending[k] || len(c.pending) >= maxPending {
+		return
+	}
+	c.pending[k] = true
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// refresh reads again, until ctx ends, the entries queued by queueRefresh:
+// each viewer's in one query (a post alone is viewer 0's), filled as any read
+// is, so an event heard of meanwhile still wins.
+func (c *Cache) refresh(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		}
+		c.mu.Lock()
+		pending := c.pending
+		c.pending = make(map[viewerLike]bool)
+		c.mu.Unlock()
+		byViewer := map[domain.UserID][]domain.PostID{}
+		for k := range pending {
+			byViewer[k.viewer] = append(byViewer[k.viewer], k.post)
+		}
+		for viewer, ids := range byViewer {
+			read, asOf, err := c.store.PostsAt(ctx, ids, viewer)
+			if err != nil {
+				if ctx.Err() == nil {
+					c.logger.Warn("post cache: reading posts again failed; they expire instead", "err", err)
+				}
+				break
+			}
+			c.fill(read, asOf, viewer)
+		}
+	}
 }
 
 // fill keeps the posts read at asOf, unless an event heard of since (a dirty

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -23,6 +24,7 @@ import (
 // a post cache following the log.
 type cacheWorld struct {
 	log   *events.Log
+	pool  *pgxpool.Pool
 	store *readmodel.Store
 	cache *readmodel.Cache
 	n     int
@@ -32,7 +34,7 @@ func newCacheWorld(t *testing.T, cfg readmodel.CacheConfig, reg prometheus.Regis
 	t.Helper()
 	log := pjLog(t)
 	pool := openPool(t, nil)
-	w := &cacheWorld{log: log, store: readmodel.NewStore(pool)}
+	w := &cacheWorld{log: log, pool: pool, store: readmodel.NewStore(pool)}
 	liveRunner(t, log, readmodel.NewProjector(pool, nil))
 	w.cache = readmodel.NewCache(w.store, log, cfg, reg, slog.New(slog.DiscardHandler))
 	if beforeFill != nil {
@@ -277,4 +279,43 @@ func TestCacheDropsWhatAnEventTouches(t *testing.T) {
 		w.same(t, ids, other)
 		w.same(t, ids, viewer)
 	}
+}
+
+// TestCacheReadsAgainWhatIsInUse reads a post more often than half its MaxAge
+// for more than two MaxAges: it never expires, so no read after the first goes
+// to Postgres, and yet a change made behind the log's back (as a partial
+// rebuild could make) is served within MaxAge.
+func TestCacheReadsAgainWhatIsInUse(t *testing.T) {
+	const maxAge = time.Second
+	reg := prometheus.NewRegistry()
+	w := newCacheWorld(t, readmodel.CacheConfig{MaxAge: maxAge}, reg, nil)
+	const post domain.PostID = 1_000_001
+	const viewer domain.UserID = 5
+	w.append(t, created(post, 1))
+	w.settled(t)
+	ids := []domain.PostID{post}
+	ctx := context.Background()
+	caption := func() string {
+		t.Helper()
+		got, err := w.cache.Posts(ctx, ids, viewer, 0)
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		return got[0].Caption
+	}
+	require.Equal(t, "post 1000001", caption())
+	require.Equal(t, 1, int(cacheLookups(t, reg, "miss")))
+
+	_, err := w.pool.Exec(ctx, `UPDATE posts SET caption = 'rebuilt' WHERE id = $1`, int64(post))
+	require.NoError(t, err)
+	changed := time.Now()
+	var seen time.Duration
+	for time.Since(changed) < 5*maxAge/2 {
+		if caption() == "rebuilt" && seen == 0 {
+			seen = time.Since(changed)
+		}
+		time.Sleep(maxAge / 20)
+	}
+	assert.Equal(t, 1, int(cacheLookups(t, reg, "miss")), "a post in use expired")
+	require.NotZero(t, seen, "the change was never served")
+	assert.LessOrEqual(t, seen, maxAge+maxAge/4, "the change was served %v after it was made", seen)
 }
