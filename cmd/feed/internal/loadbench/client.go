@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -81,7 +82,9 @@ func (c *client) do(ctx context.Context, user domain.UserID, method, path string
 	if out == nil {
 		_, err = io.Copy(io.Discard, resp.Body)
 	} else {
-		err = json.NewDecoder(resp.Body).Decode(out)
+		// The v2 decoder (the service's own for events): at 5 000 pages a
+		// second, encoding/json's took half the generator's CPU.
+		err = jsonv2.UnmarshalRead(resp.Body, out)
 	}
 	if err != nil {
 		return resp.Header, fmt.Errorf("%s %s: read answer: %w", method, path, err)
@@ -161,6 +164,12 @@ func (p feedPage) ids() []domain.PostID {
 		}
 	}
 	return out
+}
+
+// firstPage reads the first page of user's home feed without decoding it.
+func (c *client) firstPage(ctx context.Context, user domain.UserID) error {
+	_, err := c.do(ctx, user, http.MethodGet, "/feed", nil, "", nil, http.StatusOK, nil)
+	return err
 }
 
 // feed reads a page of user's home feed (cursor "" for the first), waiting

@@ -41,7 +41,7 @@ func (r *Report) mdHeader(b *strings.Builder) {
 	fmt.Fprintf(b, "- Graph: %d users, %d followers on average, %d big accounts above %d followers (seed %d).\n",
 		c.Users, c.AvgFollowers, c.BigAccounts, c.BigThreshold, c.Seed)
 	fmt.Fprintf(b, "- Mixed phase: %s after a %s warm-up, open loop: %.0f posts/s (one %d×%d PNG each; %.0f %% by big accounts), %.0f follows+unfollows/s, "+
-		"%.0f likes/s, %.0f comments/s, %.0f feed reads/s (%.0f %% of them the next page). Read phase: %s of %.0f first pages/s.\n",
+		"%.0f likes/s, %.0f comments/s, %.0f feed reads/s (%.0f %% of them the next page). Read phase: %s of %.0f first pages/s, after every user's first page was read once, unrecorded.\n",
 		c.Duration, c.Warmup, c.PostRate, c.ImageSide, c.ImageSide, 100*c.BigPostShare, c.FollowRate, c.LikeRate, c.CommentRate, c.ReadRate,
 		100*c.NextPageShare, c.ReadDuration, c.CachedReadRate)
 	fmt.Fprintf(b, "- Latency is from each request's intended send time (constant arrival rate) to its answer, so a stall counts "+

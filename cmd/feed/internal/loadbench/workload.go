@@ -277,19 +277,26 @@ func (r *runner) planRead(rng *rand.Rand, nextShare float64) func(time.Time) arr
 					k = kindFeedNext
 				}
 			}
+			if nextShare == 0 {
+				// Nothing of the page is used: it is read, not decoded.
+				err := r.api.firstPage(ctx, user)
+				p.record(k, intended, err)
+				if err == nil {
+					r.noteDone(k, 0)
+				}
+				return
+			}
 			page, _, err := r.api.feed(ctx, user, cursor, 0)
 			p.record(k, intended, err)
 			if err != nil {
 				return
 			}
 			r.noteDone(k, 0)
-			if nextShare > 0 {
-				c := ""
-				if page.HasMore && page.NextCursor != nil {
-					c = *page.NextCursor
-				}
-				r.setCursor(user, c)
+			c := ""
+			if page.HasMore && page.NextCursor != nil {
+				c = *page.NextCursor
 			}
+			r.setCursor(user, c)
 		}
 	}
 }
