@@ -83,6 +83,12 @@ func classify(err error) (status int, code, message string) {
 			return fe.Code, "too_large", "request body too large"
 		case fiber.StatusUnsupportedMediaType:
 			return fe.Code, "unsupported_media_type", fe.Message
+		case fiber.StatusRequestTimeout:
+			// Often no request at all: an idle keep-alive connection past its
+			// deadline, which fasthttp then closes. Clients such as Go's
+			// net/http know a 408 there for the close; any other status they
+			// would take for a stray answer.
+			return fe.Code, "request_timeout", "the request did not arrive in time"
 		}
 		if fe.Code >= 400 && fe.Code < 500 {
 			return fiber.StatusBadRequest, "invalid_input", fe.Message
