@@ -18,8 +18,7 @@
 //	<p>{<uid>}:in         inbox zset: post ids scored by themselves; "f" scored
 //	                      -(floor+1): the inbox is exactly the feed's posts with
 //	                      id >= floor; "s" scored -(seq+1): the log sequence of the
-//	                      last work item applied (or of one before it, if only
-//	                      pushes into room followed). Expires unless read.
+//	                      last work item applied. Expires unless read.
 //	<p>{<uid>}:out        outbox zset: the author's post ids; "f" scored -(floor+1):
 //	                      exactly the author's live posts with id >= floor.
 //	<p>{<uid>}:fol        set: the user's followers.

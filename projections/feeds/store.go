@@ -211,8 +211,7 @@ type Item struct {
 	Recipient domain.UserID
 	// Seq is the log sequence the item comes from (for materialise, the
 	// planner's position when it read the outboxes). An inbox skips items at or
-	// below the sequence it keeps (the last it applied, or for a push into room
-	// one before it; see apply.lua), which makes redelivery harmless.
+	// below the last sequence it applied, which makes redelivery harmless.
 	Seq uint64
 	Op  Op
 	// Posts: exactly one for push and remove; the author's outbox posts for
@@ -317,7 +316,7 @@ func (c *stApplyCall) String() string {
 
 // ApplyItems applies items to their recipients' inboxes and returns how many
 // were applied (the rest were skipped: applied before, or the inbox is not
-// materialised; a redelivered push that changes nothing may count as applied). Items of the same recipient are applied in the order given, all
+// materialised). Items of the same recipient are applied in the order given, all
 // in one script run, so that no item can take effect after a later one of the
 // same recipient failed. On a single Redis one script run carries many
 // recipients (see stCallArgs); on a Cluster, which refuses keys of different
@@ -994,7 +993,7 @@ func (s *Store) PopMaterialiseRequests(ctx context.Context, n int) ([]domain.Use
 }
 
 // Inbox returns user's whole inbox: its posts newest first, its floor, the
-// sequence it keeps (see Item.Seq), and whether it exists. It does not refresh
+// sequence of the last item applied, and whether it exists. It does not refresh
 // the TTL.
 func (s *Store) Inbox(ctx context.Context, user domain.UserID) (posts []domain.PostID, floor int64, seq uint64, ok bool, err error) {
 	what := fmt.Sprintf("read inbox of user %d", user)

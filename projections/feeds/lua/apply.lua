@@ -20,24 +20,14 @@
 -- The inbox holds post ids as members scored by themselves (>= 1) and two
 -- specials with negative scores, so they sort below every post (ranks 0 and 1):
 -- "f" = -(floor+1), the inbox is exactly the feed's posts with id >= floor; and
--- "s" = -(seq+1), the log sequence of an item applied: the last one, or one
--- before it after which only pushes into room were applied (below). An item
--- whose seq is not above it was applied before and is skipped. Only
--- materialise creates an inbox (with both specials); every other op on a
--- missing inbox is skipped.
+-- "s" = -(seq+1), the log sequence of the last item applied. An item whose seq
+-- is not above it was applied before and is skipped. Only materialise creates
+-- an inbox (with both specials); every other op on a missing inbox is skipped.
 --
 -- A push costs three commands when the inbox has room (read the specials,
--- count the posts, add the post) and six when it is full; the zset never holds
--- more than the cap and the two specials, not even for a moment.
---
--- A lone push into room leaves "s" as it is, which saves rewriting it in the
--- listpack on every push of a fan-out. Applying such a push again changes
--- nothing, so a redelivery that "s" no longer catches is harmless: since it
--- was applied, only such pushes were (any other item moves "s" past it), and
--- those only add posts and never remove one. So its post is still there, and
--- adding it again is a no-op that the ZADD's reply shows: it is not counted
--- as applied. (A push into a full inbox evicts, so it goes the long way and
--- moves "s".)
+-- count the posts, add the post with the new "s") and six when it is full; the
+-- zset never holds more than the cap and the two specials, not even for a
+-- moment.
 --
 -- Numbers go back to Redis through num(): Lua's own number-to-string
 -- conversion keeps 14 digits, and ids have up to 16.
@@ -318,8 +308,9 @@ for r = 1, #KEYS do
   end
   if lone and count and count < cap then
     -- The bulk of a fan-out, inline: a lone push into an inbox with room for
-    -- its post takes one more command, a ZADD of the post alone (see above).
-    applied = applied + rcall('ZADD', key, lone.post, lone.post)
+    -- its post takes one more command, a ZADD of the post and "s".
+    rcall('ZADD', key, lone.post, lone.post, lone.s, 's')
+    applied = applied + 1
   else
     for k = 1, #list do
       local it = list[k]
