@@ -13,8 +13,10 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +28,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/feedproject/feed/cmd/feed/internal/loadbench"
+	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	feedhttp "github.com/feedproject/feed/http"
 	"github.com/feedproject/feed/projections/feeds"
@@ -35,7 +38,8 @@ import (
 type benchOptions struct {
 	url        string // a running service; "" starts one
 	out        string // directory for report.md, chart.png and summary.json
-	cpuProfile bool   // profile the measured phases (started stack only)
+	inProcess  bool   // start the service in the bench's own process
+	cpuProfile bool   // profile the measured phases (in process only)
 	keep       bool   // keep the started stack's data directory
 }
 
@@ -46,7 +50,8 @@ func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions
 	fs.SetOutput(stderr)
 	fs.StringVar(&opts.url, "url", "", "benchmark the service running at this loopback URL instead of starting one")
 	fs.StringVar(&opts.out, "out", "bench-out", "directory for report.md, chart.png and summary.json")
-	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write a CPU profile of each measured phase to the output directory (started stack only)")
+	fs.BoolVar(&opts.inProcess, "in-process", false, "start the service in the bench's own process rather than as a process of its own (needed by --cpuprofile)")
+	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write a CPU profile of each measured phase to the output directory (with --in-process)")
 	fs.BoolVar(&opts.keep, "keep", false, "keep the started stack's data directory")
 	fs.IntVar(&cfg.Users, "users", cfg.Users, "users in the synthetic graph")
 	fs.IntVar(&cfg.AvgFollowers, "followers", cfg.AvgFollowers, "followers per account on average")
@@ -84,9 +89,12 @@ func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions
 		if err := checkLoopbackURL(opts.url); err != nil {
 			return cfg, opts, fmt.Errorf("%w: bench: --url: %w", errUsage, err)
 		}
-		if opts.cpuProfile {
-			return cfg, opts, fmt.Errorf("%w: bench: --cpuprofile profiles the stack bench starts; with --url, profile the service itself", errUsage)
+		if opts.inProcess || opts.keep {
+			return cfg, opts, fmt.Errorf("%w: bench: --in-process and --keep are about the stack bench starts, not one at --url", errUsage)
 		}
+	}
+	if opts.cpuProfile && !opts.inProcess {
+		return cfg, opts, fmt.Errorf("%w: bench: --cpuprofile profiles the service in the bench's own process: add --in-process", errUsage)
 	}
 	return cfg, opts, nil
 }
@@ -172,11 +180,10 @@ func writeFile(path string, write func(io.Writer) error) error {
 	return nil
 }
 
-// benchStarted starts the whole service in this process the way `feed dev`
-// does, on free loopback ports with a temporary data directory (NATS_URL,
-// REDIS_URL and DATABASE_URL, when set, are used instead of starting servers,
-// as in dev mode: point them at scratch servers), and runs the bench against
-// it.
+// benchStarted starts the whole service the way `feed dev` does, on free
+// loopback ports with a temporary data directory (NATS_URL, REDIS_URL and
+// DATABASE_URL, when set, are used instead of starting servers, as in dev
+// mode: point them at scratch servers), and runs the bench against it.
 func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, getenv func(string) string, stderr io.Writer) (*loadbench.Report, error) {
 	dir, err := os.MkdirTemp("", "feed-bench-")
 	if err != nil {
@@ -190,11 +197,14 @@ func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, g
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data directory: %w", err)
 	}
-	cfg, err := benchStackConfig(dir, wl, getenv)
+	cfg, env, err := benchStackConfig(dir, wl, getenv)
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(stderr, "bench: starting the service (data in %s)\n", dir)
+	if !opts.inProcess {
+		return benchChild(ctx, wl, cfg, env, stderr)
+	}
+	fmt.Fprintf(stderr, "bench: starting the service in this process (data in %s)\n", dir)
 	svc := startBackground(ctx, cfg, newLogger(cfg, stderr))
 	stop := svc.stop
 	runCtx, cancelRun := svc.watch(ctx)
@@ -223,6 +233,68 @@ func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, g
 		return nil, fmt.Errorf("service: %w", serr)
 	}
 	return rep, err
+}
+
+// benchChild runs the service as `feed dev` in a process of its own, so that
+// the load generator and the service share no Go runtime (scheduler, garbage
+// collector): its latencies are those a client on the same machine sees.
+func benchChild(ctx context.Context, wl loadbench.Config, cfg config, env func(string) string, stderr io.Writer) (*loadbench.Report, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find the feed binary: %w", err)
+	}
+	cmd := exec.Command(exe, "dev")
+	cmd.Env = childEnviron(env)
+	// The child's output (its warnings and errors) is shown as it comes.
+	proc, err := localstack.StartProcess("feed dev", cmd, slog.New(slog.DiscardHandler), stderr)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stderr, "bench: started the service as process %d (data in %s)\n", proc.PID(), cfg.DataDir)
+	stop := func() error { return proc.Stop(cfg.ShutdownTimeout + time.Minute) }
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	go func() {
+		// A service that stopped on its own fails the bench at once.
+		select {
+		case <-proc.Done():
+			cancelRun()
+		case <-runCtx.Done():
+		}
+	}()
+	if err := waitServing(runCtx, "http://"+cfg.HTTPAddr, 2*time.Minute); err != nil {
+		return nil, errors.Join(err, stop())
+	}
+	target := loadbench.Target{
+		BaseURL: "http://" + cfg.HTTPAddr,
+		Stack: fmt.Sprintf("started as a process of its own like `feed dev` (embedded NATS with sync %s, child Redis and Postgres), FEED_BIG_ACCOUNT=%d, "+
+			"FEED_PARTITIONS=%d, FEED_INBOX_CAP=%d", cfg.NATSSync, cfg.BigAccount, cfg.Partitions, cfg.InboxCap),
+		Progress: stderr,
+	}
+	if target.Token, err = benchTokens(cfg.JWTSecret); err != nil {
+		return nil, errors.Join(err, stop())
+	}
+	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true})
+	if serr := stop(); serr != nil {
+		// A service that failed explains the bench's own error.
+		return nil, fmt.Errorf("service: %w", serr)
+	}
+	return rep, err
+}
+
+// childEnviron is this process's environment with the service's variables
+// (see variables) as env has them.
+func childEnviron(env func(string) string) []string {
+	out := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return slices.ContainsFunc(variables, func(v variable) bool { return v.name == name })
+	})
+	for _, v := range variables {
+		if value := env(v.name); value != "" {
+			out = append(out, v.name+"="+value)
+		}
+	}
+	return out
 }
 
 // backgroundService is the service run by serve in a goroutine of the bench.
@@ -291,21 +363,22 @@ func waitServing(ctx context.Context, base string, timeout time.Duration) error 
 	}
 }
 
-// benchStackConfig is the started service's configuration: the caller's
-// environment, with its own data directory, free loopback ports, the bench's
-// big-account threshold and a random JWT secret.
-func benchStackConfig(dir string, wl loadbench.Config, getenv func(string) string) (config, error) {
+// benchStackConfig is the started service's configuration, and the
+// environment it is parsed from: the caller's, with its own data directory,
+// free loopback ports, the bench's big-account threshold and a random JWT
+// secret.
+func benchStackConfig(dir string, wl loadbench.Config, getenv func(string) string) (config, func(string) string, error) {
 	ports := make([]int, 4)
 	for i := range ports {
 		p, err := pickLoopbackPort()
 		if err != nil {
-			return config{}, err
+			return config{}, nil, err
 		}
 		ports[i] = p
 	}
 	secret := make([]byte, 24)
 	if _, err := rand.Read(secret); err != nil {
-		return config{}, fmt.Errorf("jwt secret: %w", err)
+		return config{}, nil, fmt.Errorf("jwt secret: %w", err)
 	}
 	overrides := map[string]string{
 		"FEED_DATA_DIR":          dir,
@@ -319,12 +392,14 @@ func benchStackConfig(dir string, wl loadbench.Config, getenv func(string) strin
 	if getenv("FEED_LOG_LEVEL") == "" {
 		overrides["FEED_LOG_LEVEL"] = "warn"
 	}
-	return parseConfig(func(k string) string {
+	env := func(k string) string {
 		if v, ok := overrides[k]; ok {
 			return v
 		}
 		return getenv(k)
-	})
+	}
+	cfg, err := parseConfig(env)
+	return cfg, env, err
 }
 
 // pickLoopbackPort is a loopback port free at the time of asking.

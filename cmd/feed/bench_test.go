@@ -16,9 +16,30 @@ import (
 )
 
 // TestBenchReportsEveryFigure runs a short bench against a stack it starts (on
-// the harness's servers) and checks the report has every figure the issue
-// asks for, measured.
+// the harness's servers), as a process of its own and in the bench's process
+// with profiles, and checks the report has every figure the issue asks for,
+// measured.
 func TestBenchReportsEveryFigure(t *testing.T) {
+	t.Run("own process", func(t *testing.T) {
+		out, stderr := benchReport(t)
+		assert.Contains(t, stderr, "bench: started the service as process")
+		assert.NoFileExists(t, filepath.Join(out, "cpu-mixed.pprof"))
+	})
+	t.Run("in process, profiled", func(t *testing.T) {
+		out, stderr := benchReport(t, "--in-process", "--cpuprofile")
+		assert.Contains(t, stderr, "bench: starting the service in this process")
+		for _, phase := range []string{"mixed", "reads"} {
+			info, err := os.Stat(filepath.Join(out, "cpu-"+phase+".pprof"))
+			if assert.NoError(t, err, "profile of the %s phase", phase) {
+				assert.Positive(t, info.Size(), "profile of the %s phase", phase)
+			}
+		}
+	})
+}
+
+// benchReport runs the short bench with extra flags, checks its report and
+// returns the output directory and what it wrote to stderr.
+func benchReport(t *testing.T, flags ...string) (out, stderrText string) {
 	stack := localstack.ForTest(t)
 	env := envMap(map[string]string{
 		"NATS_URL":       stack.NATS.ClientURL(),
@@ -26,15 +47,15 @@ func TestBenchReportsEveryFigure(t *testing.T) {
 		"DATABASE_URL":   stack.Postgres.URL(),
 		"FEED_LOG_LEVEL": "error",
 	})
-	out := t.TempDir()
+	out = t.TempDir()
 	var stdout, stderr syncBuffer
-	err := run(t.Context(), []string{"bench",
+	err := run(t.Context(), append([]string{"bench",
 		"--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30", "--big-post-share", "0.2",
 		"--post-rate", "40", "--follow-rate", "10", "--like-rate", "20", "--comment-rate", "10",
 		"--read-rate", "40", "--cached-read-rate", "100", "--fresh-rate", "20",
 		"--warmup", "300ms", "--duration", "2s", "--read-duration", "700ms", "--raw-duration", "200ms",
 		"--setup-concurrency", "64", "--out", out,
-	}, env, &stdout, &stderr)
+	}, flags...), env, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 
 	b, err := os.ReadFile(filepath.Join(out, "summary.json"))
@@ -93,6 +114,7 @@ func TestBenchReportsEveryFigure(t *testing.T) {
 	require.NoError(t, err, "chart.png is a PNG")
 	assert.Positive(t, img.Bounds().Dx())
 	assert.Positive(t, img.Bounds().Dy())
+	return out, stderr.String()
 }
 
 func TestBenchRefusesOtherMachinesAndBadFlags(t *testing.T) {
@@ -102,6 +124,8 @@ func TestBenchRefusesOtherMachinesAndBadFlags(t *testing.T) {
 		{"--url", "https://127.0.0.1:8080"},
 		{"--url", "127.0.0.1:8080"},
 		{"--url", "http://127.0.0.1:8080", "--cpuprofile"},
+		{"--url", "http://127.0.0.1:8080", "--in-process"},
+		{"--cpuprofile"}, // profiles only the service in the bench's process
 		{"--users"},
 		{"extra"},
 	} {

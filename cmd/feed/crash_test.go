@@ -25,14 +25,13 @@ import (
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
-// childEnv makes the test binary run `feed serve` instead of the tests: the
-// crash test kills it like a real process.
-const childEnv = "FEED_TEST_CHILD"
-
+// TestMain runs the tests; but started as `<test binary> serve` or `dev`, it
+// is the feed command: the crash test kills such a process like a real one,
+// and the bench starts the service as `<its binary> dev`.
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "serve" {
+	if len(os.Args) > 1 && (os.Args[1] == "serve" || os.Args[1] == "dev") {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := run(ctx, []string{"serve"}, os.Getenv, os.Stdout, os.Stderr)
+		err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 		stop()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "feed:", err)
@@ -51,7 +50,7 @@ type child struct {
 
 func startChild(t *testing.T, env []string, base string) *child {
 	t.Helper()
-	c := &child{cmd: exec.Command(os.Args[0], "-test.run=^$"), out: &bytes.Buffer{}}
+	c := &child{cmd: exec.Command(os.Args[0], "serve"), out: &bytes.Buffer{}}
 	c.cmd.Env = append(os.Environ(), env...)
 	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
 	require.NoError(t, c.cmd.Start())
@@ -83,7 +82,6 @@ func TestNoAcknowledgedCommandIsLostWhenTheProcessIsKilled(t *testing.T) {
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	const secret = "crash-test-secret-0123456789"
 	env := []string{
-		childEnv + "=serve",
 		"FEED_DATA_DIR=" + dir,
 		fmt.Sprintf("FEED_HTTP_ADDR=127.0.0.1:%d", httpPort),
 		fmt.Sprintf("FEED_NATS_PORT=%d", natsPort),

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -48,10 +49,16 @@ type child struct {
 // life: that thread cannot be handed to someone else's locked goroutine
 // and torn down under the child.
 func startChild(name string, cmd *exec.Cmd, log *slog.Logger) (*child, error) {
+	return startChildEcho(name, cmd, log, nil)
+}
+
+// startChildEcho is startChild that also writes each line of the child's
+// output to echo, if not nil.
+func startChildEcho(name string, cmd *exec.Cmd, log *slog.Logger, echo io.Writer) (*child, error) {
 	c := &child{
 		name: name,
 		cmd:  cmd,
-		out:  newLineLogger(log, name),
+		out:  &lineLogger{log: log, component: name, echo: echo},
 		log:  log,
 		done: make(chan struct{}),
 	}
@@ -189,18 +196,16 @@ func (c *child) waitReady(ctx context.Context, timeout time.Duration, probe func
 var errAddrInUse = errors.New("address already in use")
 
 // lineLogger turns a child's output stream into one debug log record per
-// line and remembers the last few lines for error messages.
+// line (and a copy to echo, if set) and remembers the last few lines for error
+// messages.
 type lineLogger struct {
 	log       *slog.Logger
 	component string
+	echo      io.Writer
 
 	mu      sync.Mutex
 	partial []byte
 	last    []string // ring of the most recent lines, oldest first
-}
-
-func newLineLogger(log *slog.Logger, component string) *lineLogger {
-	return &lineLogger{log: log, component: component}
 }
 
 // Write implements io.Writer.
@@ -234,6 +239,9 @@ func (l *lineLogger) emit(line string) {
 		return
 	}
 	l.log.Debug(line, "component", l.component)
+	if l.echo != nil {
+		_, _ = io.WriteString(l.echo, line+"\n")
+	}
 	if len(l.last) == outputTailLines {
 		l.last = append(l.last[:0], l.last[1:]...)
 	}

@@ -176,7 +176,7 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Process), cores(c.Redis),
 			cores(c.Postgres), cores(other), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99))
 	}
-	fmt.Fprintf(b, "\nThe feed process is the service and, when the bench started it, the bench's load generator too "+
+	fmt.Fprintf(b, "\nThe feed process is the service and, with `--in-process`, the bench's load generator too "+
 		"(its share is in the CPU profiles of `--cpuprofile`, label `bench=loadgen`; its goroutines are counted too). "+
 		"Redis runs commands on one thread. *Anything else* is other work on the machine, which the figures above shared it with.\n\n")
 }
