@@ -6,7 +6,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -144,4 +149,40 @@ func TestBenchRefusesAnImpossibleGraph(t *testing.T) {
 		envMap(nil), io.Discard, io.Discard)
 	require.ErrorIs(t, err, errUsage)
 	assert.Contains(t, err.Error(), "big account needs more than 500 followers")
+}
+
+// TestBenchFailsWhenItsServiceDies: the service the bench started is killed
+// while the bench runs; the bench stops at once and says why.
+func TestBenchFailsWhenItsServiceDies(t *testing.T) {
+	stack := localstack.ForTest(t)
+	env := envMap(map[string]string{
+		"NATS_URL":       stack.NATS.ClientURL(),
+		"REDIS_URL":      stack.Redis.URL(),
+		"DATABASE_URL":   stack.Postgres.URL(),
+		"FEED_LOG_LEVEL": "error",
+	})
+	var stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(t.Context(), []string{"bench", "--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
+			"--duration", "1m", "--out", t.TempDir()}, env, io.Discard, &stderr)
+	}()
+	started := regexp.MustCompile(`started the service as process (\d+)`)
+	var pid int
+	require.Eventually(t, func() bool {
+		m := started.FindStringSubmatch(stderr.String())
+		if m == nil {
+			return false
+		}
+		pid, _ = strconv.Atoi(m[1])
+		return strings.Contains(stderr.String(), " graph:") // the bench is under way
+	}, time.Minute, 10*time.Millisecond, "stderr:\n%s", stderr.String())
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	select {
+	case err := <-done:
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "service: feed dev exited: signal: killed")
+	case <-time.After(time.Minute):
+		t.Fatal("the bench went on without its service")
+	}
 }
