@@ -45,13 +45,7 @@ func TestBenchReportsEveryFigure(t *testing.T) {
 // benchReport runs the short bench with extra flags, checks its report and
 // returns the output directory and what it wrote to stderr.
 func benchReport(t *testing.T, flags ...string) (out, stderrText string) {
-	stack := localstack.ForTest(t)
-	env := envMap(map[string]string{
-		"NATS_URL":       stack.NATS.ClientURL(),
-		"REDIS_URL":      stack.Redis.URL(),
-		"DATABASE_URL":   stack.Postgres.URL(),
-		"FEED_LOG_LEVEL": "error",
-	})
+	env := stackEnv(localstack.ForTest(t), map[string]string{"FEED_LOG_LEVEL": "error"})
 	out = t.TempDir()
 	var stdout, stderr syncBuffer
 	err := run(t.Context(), append([]string{"bench",
@@ -154,13 +148,7 @@ func TestBenchRefusesAnImpossibleGraph(t *testing.T) {
 // TestBenchFailsWhenItsServiceDies: the service the bench started is killed
 // while the bench runs; the bench stops at once and says why.
 func TestBenchFailsWhenItsServiceDies(t *testing.T) {
-	stack := localstack.ForTest(t)
-	env := envMap(map[string]string{
-		"NATS_URL":       stack.NATS.ClientURL(),
-		"REDIS_URL":      stack.Redis.URL(),
-		"DATABASE_URL":   stack.Postgres.URL(),
-		"FEED_LOG_LEVEL": "error",
-	})
+	env := stackEnv(localstack.ForTest(t), map[string]string{"FEED_LOG_LEVEL": "error"})
 	var stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {

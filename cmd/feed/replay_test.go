@@ -40,12 +40,7 @@ type replayWorld struct {
 func newReplayWorld(t *testing.T) *replayWorld {
 	t.Helper()
 	stack := localstack.ForTest(t)
-	w := &replayWorld{stack: stack, env: envMap(map[string]string{
-		"NATS_URL":       stack.NATS.ClientURL(),
-		"REDIS_URL":      stack.Redis.URL(),
-		"DATABASE_URL":   stack.Postgres.URL(),
-		"FEED_LOG_LEVEL": "warn",
-	})}
+	w := &replayWorld{stack: stack, env: stackEnv(stack, map[string]string{"FEED_LOG_LEVEL": "warn"})}
 	w.log, _ = openTestLog(t, stack.NATS.ClientURL())
 	ids, err := domain.NewIDGenerator(1)
 	require.NoError(t, err)

@@ -38,11 +38,7 @@ func u64(v uint64) *uint64 { return &v }
 
 func TestStatus(t *testing.T) {
 	stack := localstack.ForTest(t)
-	env := envMap(map[string]string{
-		"NATS_URL":     stack.NATS.ClientURL(),
-		"REDIS_URL":    stack.Redis.URL(),
-		"DATABASE_URL": stack.Postgres.URL(),
-	})
+	env := stackEnv(stack, nil)
 	ctx := t.Context()
 	log, js := openTestLog(t, stack.NATS.ClientURL())
 	for i := range 8 {

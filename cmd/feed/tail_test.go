@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +26,17 @@ import (
 // envMap is an environment for run.
 func envMap(kv map[string]string) func(string) string {
 	return func(k string) string { return kv[k] }
+}
+
+// stackEnv is the environment of a service on stack's servers, with extra.
+func stackEnv(stack *localstack.Stack, extra map[string]string) func(string) string {
+	kv := map[string]string{
+		"NATS_URL":     stack.NATS.ClientURL(),
+		"REDIS_URL":    stack.Redis.URL(),
+		"DATABASE_URL": stack.Postgres.URL(),
+	}
+	maps.Copy(kv, extra)
+	return envMap(kv)
 }
 
 // syncBuffer is a bytes.Buffer safe to read while run writes to it.
