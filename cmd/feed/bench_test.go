@@ -124,6 +124,7 @@ func TestBenchRefusesOtherMachinesAndBadFlags(t *testing.T) {
 		{"--url", "127.0.0.1:8080"},
 		{"--url", "http://127.0.0.1:8080", "--cpuprofile"},
 		{"--url", "http://127.0.0.1:8080", "--in-process"},
+		{"--url", "http://127.0.0.1:8080", "--keep"},
 		{"--cpuprofile"}, // profiles only the service in the bench's process
 		{"--users"},
 		{"extra"},
