@@ -21,3 +21,6 @@ func (c *PageCache) Following() bool {
 func (c *PageCache) Lookups(result string) int {
 	return int(testutil.ToFloat64(c.lookups.WithLabelValues(result)))
 }
+
+// DecodeWork decodes a fan-out message's work items.
+func DecodeWork(data []byte) ([]Item, error) { return decodeWork(data) }

@@ -245,28 +245,9 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	}
 	merged := projections.MergeFollows(fresh)
 	p.metrics.CountMerged(PlannerName, merged.Collapsed, 0)
-	w := p.newWork()
-	if w.big, err = p.bigSet(ctx); err != nil {
+	w, err := p.planBatch(ctx, merged.Records)
+	if err != nil {
 		return err
-	}
-	for recs := merged.Records; len(recs) > 0; {
-		// A run of the other events goes in one round trip: only follows
-		// change who is pushed to.
-		n := 0
-		for n < len(recs) && !isFollowEvent(recs[n]) {
-			n++
-		}
-		if n > 0 {
-			if err := p.planPosts(ctx, recs[:n], w); err != nil {
-				return err
-			}
-			recs = recs[n:]
-			continue
-		}
-		if err := p.plan(ctx, recs[0], w); err != nil {
-			return err
-		}
-		recs = recs[1:]
 	}
 	if err := p.verifyLocked(ctx); err != nil {
 		return err
@@ -281,104 +262,191 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	return nil
 }
 
-func isFollowEvent(rec events.Record) bool {
-	switch rec.Event.(type) {
-	case events.UserFollowed, events.UserUnfollowed:
-		return true
+// planBatch applies a batch's changes to the graph and the outboxes and
+// plans its work, in two round trips however many follows it holds. The
+// first reads what decides how each follow is planned (graphFacts), so that
+// the follower count after every follow, and with it every change of an
+// account's bigness, is known before anything is written; the second makes
+// the changes in log order with the reads that planning needs among them
+// (graphChanges). When each follow was a round trip of its own, a batch of
+// 2 000 events with 85 follows took 2.5 s under load, every round trip
+// waiting for the appliers' scripts.
+func (p *Planner) planBatch(ctx context.Context, recs []events.Record) (*work, error) {
+	var pairs []projections.FollowPair
+	for _, rec := range recs {
+		if pr, _, ok := followOf(rec); ok {
+			pairs = append(pairs, pr)
+		}
 	}
-	return false
+	facts, err := p.store.graphFacts(ctx, pairs)
+	if err != nil {
+		return nil, err
+	}
+	w := p.newWork()
+	w.big = facts.big
+	g := p.store.newGraphChanges(ctx)
+	// Each run of events between follows, and each follow, leaves how to add
+	// its work once the reads are back.
+	var plans []func(*work) error
+	for len(recs) > 0 {
+		n := 0
+		for n < len(recs) && !isFollowEvent(recs[n]) {
+			n++
+		}
+		if n > 0 {
+			plans = append(plans, p.queuePosts(g, recs[:n], w.big))
+			recs = recs[n:]
+			continue
+		}
+		plans = append(plans, p.queueFollow(g, recs[0], facts))
+		recs = recs[1:]
+	}
+	if err := g.exec(); err != nil {
+		return nil, err
+	}
+	for _, plan := range plans {
+		if err := plan(w); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
 }
 
-// planPosts applies a run of events without follows to the outboxes and adds
-// their work: a new post is pushed to its author's followers (not a big
+func isFollowEvent(rec events.Record) bool {
+	_, _, ok := followOf(rec)
+	return ok
+}
+
+// followOf is the pair of a follow or unfollow event, and which it is.
+func followOf(rec events.Record) (pr projections.FollowPair, follow, ok bool) {
+	switch e := rec.Event.(type) {
+	case events.UserFollowed:
+		return projections.FollowPair{Follower: e.FollowerID, Followee: e.FolloweeID}, true, true
+	case events.UserUnfollowed:
+		return projections.FollowPair{Follower: e.FollowerID, Followee: e.FolloweeID}, false, true
+	}
+	return projections.FollowPair{}, false, false
+}
+
+// queuePosts queues the outbox changes of a run of events without follows
+// and the reads of the followers its work goes to, and returns how to add
+// that work: a new post is pushed to its author's followers (not a big
 // account's: those are merged in at read time), a deleted one removed from
 // them (also a big account's: followers may hold copies pushed before).
 // Edits, likes and comments change no feed: pages are hydrated from the read
-// model.
-func (p *Planner) planPosts(ctx context.Context, recs []events.Record, w *work) error {
-	changes := make([]OutboxChange, 0, len(recs))
+// model. big is the big accounts as of the run.
+func (p *Planner) queuePosts(g *graphChanges, recs []events.Record, big map[domain.UserID]bool) func(*work) error {
+	pushed := make([]bool, len(recs))
+	reads := map[domain.UserID]usersRead{}
 	var authors []domain.UserID
-	asked := map[domain.UserID]bool{}
 	need := func(a domain.UserID) {
-		if !asked[a] {
-			asked[a] = true
+		if _, ok := reads[a]; !ok {
+			reads[a] = usersRead{}
 			authors = append(authors, a)
 		}
 	}
-	for _, rec := range recs {
+	for i, rec := range recs {
 		switch e := rec.Event.(type) {
 		case events.PostCreated:
-			changes = append(changes, OutboxChange{Author: e.UserID, Post: e.PostID})
-			if !w.big[e.UserID] {
+			g.changeOutbox(OutboxChange{Author: e.UserID, Post: e.PostID})
+			if !big[e.UserID] {
+				pushed[i] = true
 				need(e.UserID)
 			}
 		case events.PostDeleted:
-			changes = append(changes, OutboxChange{Author: e.UserID, Post: e.PostID, Remove: true})
+			g.changeOutbox(OutboxChange{Author: e.UserID, Post: e.PostID, Remove: true})
 			need(e.UserID)
 		}
 	}
-	if len(changes) == 0 {
-		return nil // likes, comments and edits only
+	// Read after the run's changes, which do not alter followers.
+	for _, a := range authors {
+		reads[a] = g.followers(a)
 	}
-	followers, err := p.store.ChangeOutboxes(ctx, changes, authors)
-	if err != nil {
-		return err
-	}
-	for _, rec := range recs {
-		var (
-			author domain.UserID
-			it     = Item{Seq: rec.Seq}
-		)
-		switch e := rec.Event.(type) {
-		case events.PostCreated:
-			if w.big[e.UserID] {
+	return func(w *work) error {
+		followers := make(map[domain.UserID][]domain.UserID, len(authors))
+		for _, a := range authors {
+			users, err := reads[a].users()
+			if err != nil {
+				return err
+			}
+			followers[a] = users
+		}
+		for i, rec := range recs {
+			var (
+				author domain.UserID
+				it     = Item{Seq: rec.Seq}
+			)
+			switch e := rec.Event.(type) {
+			case events.PostCreated:
+				if !pushed[i] {
+					continue
+				}
+				author, it.Op, it.Posts = e.UserID, OpPush, []domain.PostID{e.PostID}
+			case events.PostDeleted:
+				author, it.Op, it.Posts = e.UserID, OpRemove, []domain.PostID{e.PostID}
+			default:
 				continue
 			}
-			author, it.Op, it.Posts = e.UserID, OpPush, []domain.PostID{e.PostID}
-		case events.PostDeleted:
-			author, it.Op, it.Posts = e.UserID, OpRemove, []domain.PostID{e.PostID}
-		default:
-			continue
+			for _, f := range followers[author] {
+				it.Recipient = f
+				w.add(it, p.cfg.Partitions)
+			}
 		}
-		for _, f := range followers[author] {
-			it.Recipient = f
-			w.add(it, p.cfg.Partitions)
-		}
+		return nil
 	}
-	return nil
 }
 
-// plan applies one follow or unfollow to the graph and adds its work.
-func (p *Planner) plan(ctx context.Context, rec events.Record, w *work) error {
-	switch e := rec.Event.(type) {
-	case events.UserFollowed:
-		return p.planFollow(ctx, rec.Seq, e.FollowerID, e.FolloweeID, true, w)
-	case events.UserUnfollowed:
-		return p.planFollow(ctx, rec.Seq, e.FollowerID, e.FolloweeID, false, w)
-	}
-	// Edits, likes and comments change no feed: pages are hydrated from the
-	// read model.
-	return nil
-}
+// errGraphMoved is a follower count that is not the one planned: the graph
+// changed between the reads of a batch's facts and its changes.
+var errGraphMoved = errors.New("the follow graph changed while a batch was planned")
 
-// planFollow updates the graph for a follow or unfollow and sends the follower
-// the followee's outbox to merge or unmerge (none to merge from a big account:
-// its posts are merged at read time).
-func (p *Planner) planFollow(ctx context.Context, seq uint64, follower, followee domain.UserID, follow bool, w *work) error {
+// queueFollow queues a follow or unfollow and the reads its work needs, and
+// returns how to add that work: the follower gets the followee's outbox to
+// merge or unmerge (none to merge from a big account: its posts are merged at
+// read time). It also keeps the set of big accounts, whose posts are not
+// pushed: an account that stops being big gets its outbox merged into every
+// follower's inbox, since its posts of the big period were never pushed.
+func (p *Planner) queueFollow(g *graphChanges, rec events.Record, facts *graphFacts) func(*work) error {
+	pr, follow, _ := followOf(rec)
 	op := OpUnmerge
 	if follow {
 		op = OpMerge
 	}
-	n, out, err := p.store.ChangeFollow(ctx, follower, followee, follow)
-	if err != nil {
-		return err
+	n := facts.follow(pr, follow)
+	read := g.changeFollow(pr, follow)
+	big := n > int64(p.store.Config().BigThreshold)
+	var all *usersRead
+	if big != facts.big[pr.Followee] {
+		g.setBig(pr.Followee, big)
+		facts.big[pr.Followee] = big
+		if !big {
+			r := g.followers(pr.Followee)
+			all = &r
+		}
 	}
-	big, err := p.updateBig(ctx, followee, w.big[followee], n, out, seq, w)
-	if err != nil || (follow && big) {
-		return err
+	return func(w *work) error {
+		count, out, err := read.result()
+		if err != nil {
+			return err
+		}
+		if count != n {
+			return fmt.Errorf("user %d has %d followers after event %d, planned for %d: %w", pr.Followee, count, rec.Seq, n, errGraphMoved)
+		}
+		if all != nil {
+			followers, err := all.users()
+			if err != nil {
+				return err
+			}
+			for _, f := range followers {
+				w.add(Item{Recipient: f, Seq: rec.Seq, Op: OpMerge, Posts: out.Posts, Floor: out.Floor}, p.cfg.Partitions)
+			}
+		}
+		if follow && big {
+			return nil
+		}
+		w.add(Item{Recipient: pr.Follower, Seq: rec.Seq, Op: op, Posts: out.Posts, Floor: out.Floor}, p.cfg.Partitions)
+		return nil
 	}
-	w.add(Item{Recipient: follower, Seq: seq, Op: op, Posts: out.Posts, Floor: out.Floor}, p.cfg.Partitions)
-	return nil
 }
 
 // bigSet is the set of big accounts.
@@ -390,30 +458,6 @@ func (p *Planner) bigSet(ctx context.Context) (map[domain.UserID]bool, error) {
 	big := make(map[domain.UserID]bool, len(list))
 	for _, b := range list {
 		big[b] = true
-	}
-	return big, nil
-}
-
-// updateBig keeps the set of big accounts, whose posts are not pushed. An
-// account that stops being big gets its outbox merged into every follower's
-// inbox, since its posts of the big period were never pushed.
-func (p *Planner) updateBig(ctx context.Context, user domain.UserID, wasBig bool, n int64, out Outbox, seq uint64, w *work) (bool, error) {
-	big := n > int64(p.store.Config().BigThreshold)
-	if big == wasBig {
-		return big, nil
-	}
-	if err := p.store.SetBig(ctx, user, big); err != nil {
-		return false, err
-	}
-	w.big[user] = big
-	if !big {
-		followers, err := p.store.Followers(ctx, user)
-		if err != nil {
-			return false, err
-		}
-		for _, f := range followers {
-			w.add(Item{Recipient: f, Seq: seq, Op: OpMerge, Posts: out.Posts, Floor: out.Floor}, p.cfg.Partitions)
-		}
 	}
 	return big, nil
 }

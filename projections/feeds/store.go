@@ -501,66 +501,6 @@ type OutboxChange struct {
 	Remove bool
 }
 
-// ChangeOutboxes applies changes in order (as AddToOutbox and
-// RemoveFromOutbox) and reads the followers of each of the given authors, all
-// in one round trip: the planner's cost per post is a share of one round trip,
-// not three. The followers are read after the changes, which do not alter
-// them.
-func (s *Store) ChangeOutboxes(ctx context.Context, changes []OutboxChange, followersOf []domain.UserID) (map[domain.UserID][]domain.UserID, error) {
-	for attempt := 0; ; attempt++ {
-		pipe := s.rdb.Pipeline()
-		outCmds := make([]redis.Cmder, len(changes))
-		for i, c := range changes {
-			key, post := s.userKey(c.Author, stOutboxSuffix), strconv.FormatInt(int64(c.Post), 10)
-			if c.Remove {
-				outCmds[i] = pipe.ZRem(ctx, key, post)
-			} else {
-				outCmds[i] = s.outboxAdd.EvalSha(ctx, pipe, []string{key}, post, strconv.Itoa(s.cfg.OutboxCap))
-			}
-		}
-		folCmds := make([]*redis.StringSliceCmd, len(followersOf))
-		for i, a := range followersOf {
-			folCmds[i] = pipe.SMembers(ctx, s.userKey(a, stFollowerSuffix))
-		}
-		_, _ = pipe.Exec(ctx) // each command's error is looked at below
-		noScript := false
-		var err error
-		for i, cmd := range outCmds {
-			cerr := cmd.Err()
-			switch {
-			case cerr == nil:
-			case errors.Is(cerr, redis.ErrNoScript) || redis.HasErrorPrefix(cerr, "NOSCRIPT"):
-				noScript = true
-			case err == nil:
-				err = stFail(fmt.Sprintf("change outbox of user %d", changes[i].Author), cerr)
-			}
-		}
-		if noScript && err == nil && attempt == 0 {
-			// Redis lost its scripts (a restart, SCRIPT FLUSH): load it and do
-			// it all again; each change is idempotent and they stay in order.
-			if err := s.outboxAdd.Load(ctx, s.rdb).Err(); err != nil {
-				return nil, stFail("load outbox script", err)
-			}
-			continue
-		}
-		if err == nil && noScript {
-			err = stFail("change outboxes", redis.ErrNoScript)
-		}
-		if err != nil {
-			return nil, err
-		}
-		followers := make(map[domain.UserID][]domain.UserID, len(followersOf))
-		for i, a := range followersOf {
-			users, err := stParseUsers(folCmds[i].Val(), fmt.Sprintf("read followers of user %d", a), folCmds[i].Err())
-			if err != nil {
-				return nil, err
-			}
-			followers[a] = users
-		}
-		return followers, nil
-	}
-}
-
 // RemoveFromOutbox removes post from author's outbox (its floor stays).
 func (s *Store) RemoveFromOutbox(ctx context.Context, author domain.UserID, post domain.PostID) error {
 	if err := s.rdb.ZRem(ctx, s.userKey(author, stOutboxSuffix), strconv.FormatInt(int64(post), 10)).Err(); err != nil {
@@ -620,28 +560,6 @@ func stOutbox(cmd *redis.ZSliceCmd, author domain.UserID) (Outbox, error) {
 		ob.Posts = append(ob.Posts, p)
 	}
 	return ob, nil
-}
-
-// ChangeFollow records that follower follows followee (or no longer does) and
-// returns, in the same round trip, the followee's follower count and outbox
-// after it: what the planner needs to plan the change.
-func (s *Store) ChangeFollow(ctx context.Context, follower, followee domain.UserID, follow bool) (int64, Outbox, error) {
-	pipe := s.rdb.Pipeline()
-	fol, fng := s.userKey(followee, stFollowerSuffix), s.userKey(follower, stFollowsSuffix)
-	if follow {
-		pipe.SAdd(ctx, fol, int64(follower))
-		pipe.SAdd(ctx, fng, int64(followee))
-	} else {
-		pipe.SRem(ctx, fol, int64(follower))
-		pipe.SRem(ctx, fng, int64(followee))
-	}
-	count := pipe.SCard(ctx, fol)
-	out := pipe.ZRevRangeWithScores(ctx, s.userKey(followee, stOutboxSuffix), 0, -1)
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, Outbox{}, stFail(fmt.Sprintf("record user %d follows %d: %t", follower, followee, follow), err)
-	}
-	ob, err := stOutbox(out, followee)
-	return count.Val(), ob, err
 }
 
 // Follow records that follower follows followee. The two sets live in

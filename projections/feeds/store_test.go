@@ -301,30 +301,6 @@ func TestApplyItemsAfterScriptFlush(t *testing.T) {
 	assert.Equal(t, inboxState{ids(20), 0, 3, true}, readInbox(t, s, alice))
 }
 
-// TestChangeOutboxesIsOutboxChangesInOneRoundTrip: the planner's pipelined
-// outbox changes equal the one-by-one ones, in order, also after Redis lost
-// its scripts, and come with the followers asked for.
-func TestChangeOutboxesIsOutboxChangesInOneRoundTrip(t *testing.T) {
-	t.Parallel()
-	s, rdb := newStore(t, feeds.Config{OutboxCap: 3})
-	ctx := t.Context()
-	require.NoError(t, s.Follow(ctx, bob, alice))
-	require.NoError(t, rdb.ScriptFlush(ctx).Err())
-	add := func(p domain.PostID) feeds.OutboxChange { return feeds.OutboxChange{Author: alice, Post: p} }
-	followers, err := s.ChangeOutboxes(ctx, []feeds.OutboxChange{
-		add(10), add(20), add(30), add(40), add(50), add(10),
-		{Author: alice, Post: 40, Remove: true}, {Author: bob, Post: 7}, add(40),
-	}, []domain.UserID{alice, bob})
-	require.NoError(t, err)
-	assert.Equal(t, map[domain.UserID][]domain.UserID{alice: {bob}, bob: {}}, followers)
-	got, err := s.Outboxes(ctx, []domain.UserID{alice, bob})
-	require.NoError(t, err)
-	assert.Equal(t, map[domain.UserID]feeds.Outbox{
-		alice: {Posts: ids(50, 40, 30), Floor: 30},
-		bob:   {Posts: ids(7), Floor: 0},
-	}, got)
-}
-
 func TestOutbox(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t, feeds.Config{OutboxCap: 3})

@@ -1,0 +1,193 @@
+package feeds
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections"
+)
+
+// graphFacts is what decides how a batch's follows are planned, read before
+// any of them is applied: the big accounts, whether each pair of the batch
+// follows, and each followee's follower count. From them the planner knows
+// the count after every follow, and so every change of an account's bigness,
+// before it writes anything (see Planner.planBatch).
+type graphFacts struct {
+	big    map[domain.UserID]bool
+	holds  map[projections.FollowPair]bool
+	counts map[domain.UserID]int64
+}
+
+// graphFacts reads the facts of pairs in one round trip. It also makes sure
+// Redis has the outbox script that the changes will run (it loses its scripts
+// when it restarts, or on SCRIPT FLUSH): a change that failed for want of it
+// would leave the batch half made.
+func (s *Store) graphFacts(ctx context.Context, pairs []projections.FollowPair) (*graphFacts, error) {
+	pipe := s.rdb.Pipeline()
+	scripts := pipe.ScriptExists(ctx, s.outboxAdd.Hash())
+	bigCmd := pipe.SMembers(ctx, s.key(stBigKey))
+	holds := make(map[projections.FollowPair]*redis.BoolCmd, len(pairs))
+	counts := map[domain.UserID]*redis.IntCmd{}
+	for _, pr := range pairs {
+		key := s.userKey(pr.Followee, stFollowerSuffix)
+		if _, ok := holds[pr]; !ok {
+			holds[pr] = pipe.SIsMember(ctx, key, int64(pr.Follower))
+		}
+		if _, ok := counts[pr.Followee]; !ok {
+			counts[pr.Followee] = pipe.SCard(ctx, key)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, stFail("read the follow graph", err)
+	}
+	if have := scripts.Val(); len(have) != 1 || !have[0] {
+		if err := s.outboxAdd.Load(ctx, s.rdb).Err(); err != nil {
+			return nil, stFail("load outbox script", err)
+		}
+	}
+	big, err := stParseUsers(bigCmd.Val(), "read big accounts", nil)
+	if err != nil {
+		return nil, err
+	}
+	f := &graphFacts{
+		big:    make(map[domain.UserID]bool, len(big)),
+		holds:  make(map[projections.FollowPair]bool, len(holds)),
+		counts: make(map[domain.UserID]int64, len(counts)),
+	}
+	for _, b := range big {
+		f.big[b] = true
+	}
+	for pr, cmd := range holds {
+		f.holds[pr] = cmd.Val()
+	}
+	for u, cmd := range counts {
+		f.counts[u] = cmd.Val()
+	}
+	return f, nil
+}
+
+// follow records in f that follower follows followee (or no longer does) and
+// returns the followee's follower count after it.
+func (f *graphFacts) follow(pr projections.FollowPair, follow bool) int64 {
+	n := f.counts[pr.Followee]
+	switch {
+	case follow && !f.holds[pr]:
+		n++
+	case !follow && f.holds[pr]:
+		n--
+	}
+	f.holds[pr], f.counts[pr.Followee] = follow, n
+	return n
+}
+
+// graphChanges queues the planner's changes of the graph and the outboxes,
+// and the reads that planning them needs, to be sent in one round trip. Redis
+// runs a pipeline's commands in order (on a Cluster, those of one key: every
+// read here follows the changes of its own key), so each read sees exactly
+// the changes queued before it, as if each had been a round trip of its own.
+type graphChanges struct {
+	s    *Store
+	ctx  context.Context
+	pipe redis.Pipeliner
+	// writes are the changes, whose failures fail the batch, and what each is.
+	writes []redis.Cmder
+	what   []string
+}
+
+func (s *Store) newGraphChanges(ctx context.Context) *graphChanges {
+	return &graphChanges{s: s, ctx: ctx, pipe: s.rdb.Pipeline()}
+}
+
+func (g *graphChanges) write(cmd redis.Cmder, what string) {
+	g.writes = append(g.writes, cmd)
+	g.what = append(g.what, what)
+}
+
+// changeOutbox queues an outbox change (see AddToOutbox, RemoveFromOutbox).
+func (g *graphChanges) changeOutbox(c OutboxChange) {
+	key, post := g.s.userKey(c.Author, stOutboxSuffix), strconv.FormatInt(int64(c.Post), 10)
+	if c.Remove {
+		g.write(g.pipe.ZRem(g.ctx, key, post), fmt.Sprintf("remove post %d from outbox of user %d", c.Post, c.Author))
+		return
+	}
+	g.write(g.s.outboxAdd.EvalSha(g.ctx, g.pipe, []string{key}, post, strconv.Itoa(g.s.cfg.OutboxCap)),
+		fmt.Sprintf("add post %d to outbox of user %d", c.Post, c.Author))
+}
+
+// followRead is what a follow's planning reads: the followee's follower count
+// and outbox after it.
+type followRead struct {
+	followee domain.UserID
+	count    *redis.IntCmd
+	outbox   *redis.ZSliceCmd
+}
+
+func (r followRead) result() (int64, Outbox, error) {
+	n, err := r.count.Result()
+	if err != nil {
+		return 0, Outbox{}, stFail(fmt.Sprintf("count followers of user %d", r.followee), err)
+	}
+	ob, err := stOutbox(r.outbox, r.followee)
+	return n, ob, err
+}
+
+// changeFollow queues that follower follows followee (or no longer does) and
+// the reads of the followee's follower count and outbox after it.
+func (g *graphChanges) changeFollow(pr projections.FollowPair, follow bool) followRead {
+	fol, fng := g.s.userKey(pr.Followee, stFollowerSuffix), g.s.userKey(pr.Follower, stFollowsSuffix)
+	what := fmt.Sprintf("record user %d follows %d: %t", pr.Follower, pr.Followee, follow)
+	if follow {
+		g.write(g.pipe.SAdd(g.ctx, fol, int64(pr.Follower)), what)
+		g.write(g.pipe.SAdd(g.ctx, fng, int64(pr.Followee)), what)
+	} else {
+		g.write(g.pipe.SRem(g.ctx, fol, int64(pr.Follower)), what)
+		g.write(g.pipe.SRem(g.ctx, fng, int64(pr.Followee)), what)
+	}
+	return followRead{
+		followee: pr.Followee,
+		count:    g.pipe.SCard(g.ctx, fol),
+		outbox:   g.pipe.ZRevRangeWithScores(g.ctx, g.s.userKey(pr.Followee, stOutboxSuffix), 0, -1),
+	}
+}
+
+// setBig queues marking user as a big account or not (see SetBig).
+func (g *graphChanges) setBig(user domain.UserID, big bool) {
+	what := fmt.Sprintf("mark user %d big=%t", user, big)
+	if big {
+		g.write(g.pipe.SAdd(g.ctx, g.s.key(stBigKey), int64(user)), what)
+	} else {
+		g.write(g.pipe.SRem(g.ctx, g.s.key(stBigKey), int64(user)), what)
+	}
+}
+
+// usersRead is a read of a set of users.
+type usersRead struct {
+	cmd  *redis.StringSliceCmd
+	what string
+}
+
+func (r usersRead) users() ([]domain.UserID, error) {
+	return stParseUsers(r.cmd.Val(), r.what, r.cmd.Err())
+}
+
+// followers queues a read of user's followers.
+func (g *graphChanges) followers(user domain.UserID) usersRead {
+	return usersRead{g.pipe.SMembers(g.ctx, g.s.userKey(user, stFollowerSuffix)), fmt.Sprintf("read followers of user %d", user)}
+}
+
+// exec sends the changes and reads, and fails if a change failed. The batch
+// may then be half made (as when the planner stops during it): the runner
+// rewinds and plans it again from its first event, which every change allows.
+func (g *graphChanges) exec() error {
+	_, _ = g.pipe.Exec(g.ctx) // each command's error is looked at below
+	for i, cmd := range g.writes {
+		if err := cmd.Err(); err != nil {
+			return stFail(g.what[i], err)
+		}
+	}
+	return nil
+}

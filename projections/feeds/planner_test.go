@@ -1,0 +1,280 @@
+package feeds_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/feeds"
+)
+
+// roundTrips counts the client's round trips to Redis: single commands and
+// pipelines alike.
+type roundTrips struct{ n atomic.Int64 }
+
+func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// plannerRig is a planner on a Redis and a JetStream of the test's own.
+type plannerRig struct {
+	rdb   *redis.Client // the store's, counted
+	raw   *redis.Client
+	js    jetstream.JetStream
+	store *feeds.Store
+	trips *roundTrips
+}
+
+func newPlannerRig(t *testing.T, cfg feeds.Config) *plannerRig {
+	t.Helper()
+	r := localstack.RedisForTest(t)
+	ns, err := localstack.StartNATS(localstack.NATSConfig{Dir: t.TempDir()}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	rig := &plannerRig{
+		rdb:   redis.NewClient(&redis.Options{Addr: r.Addr()}),
+		raw:   redis.NewClient(&redis.Options{Addr: r.Addr()}),
+		js:    js,
+		trips: &roundTrips{},
+	}
+	t.Cleanup(func() { _ = rig.rdb.Close(); _ = rig.raw.Close() })
+	rig.rdb.AddHook(rig.trips)
+	rig.store = feeds.NewStore(rig.rdb, cfg)
+	return rig
+}
+
+// plannerRun is what planning a log did: the work each recipient was sent,
+// in order, and every key the planner left in Redis.
+type plannerRun struct {
+	work  map[domain.UserID][]feeds.Item
+	state map[string]string
+}
+
+// run plans batches from an empty Redis and fan-out stream; before the
+// batches flushed says, Redis forgets its scripts. It returns the round trips
+// to Redis of each batch's Apply.
+func (rig *plannerRig) run(t *testing.T, batches [][]events.Record, flushed map[int]bool) (plannerRun, []int64) {
+	t.Helper()
+	ctx := t.Context()
+	require.NoError(t, rig.raw.FlushAll(ctx).Err())
+	if err := rig.js.DeleteStream(ctx, feeds.FanoutStream); err != nil {
+		require.ErrorIs(t, err, jetstream.ErrStreamNotFound)
+	}
+	p := feeds.NewPlanner(rig.store, rig.js, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 5}, nil)
+	require.NoError(t, p.EnsureStream(ctx))
+	_, err := p.Checkpoint(ctx)
+	require.NoError(t, err)
+	trips := make([]int64, len(batches))
+	for i, b := range batches {
+		if flushed[i] {
+			require.NoError(t, rig.raw.ScriptFlush(ctx).Err())
+		}
+		before := rig.trips.n.Load()
+		require.NoError(t, p.Apply(ctx, b), "batch %d", i)
+		trips[i] = rig.trips.n.Load() - before
+	}
+	return plannerRun{work: rig.work(t), state: rig.dump(t)}, trips
+}
+
+// work reads back every fan-out message, in the order of the stream.
+func (rig *plannerRig) work(t *testing.T) map[domain.UserID][]feeds.Item {
+	t.Helper()
+	ctx := t.Context()
+	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	require.NoError(t, err)
+	info, err := stream.Info(ctx)
+	require.NoError(t, err)
+	work := map[domain.UserID][]feeds.Item{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		msg, err := stream.GetMsg(ctx, seq)
+		require.NoError(t, err)
+		items, err := feeds.DecodeWork(msg.Data)
+		require.NoError(t, err)
+		for _, it := range items {
+			work[it.Recipient] = append(work[it.Recipient], it)
+		}
+	}
+	return work
+}
+
+// dump is every key in Redis with its value, as text.
+func (rig *plannerRig) dump(t *testing.T) map[string]string {
+	t.Helper()
+	ctx := t.Context()
+	keys, err := rig.raw.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	state := map[string]string{}
+	for _, k := range keys {
+		typ, err := rig.raw.Type(ctx, k).Result()
+		require.NoError(t, err)
+		var v any
+		switch typ {
+		case "set":
+			m, err := rig.raw.SMembers(ctx, k).Result()
+			require.NoError(t, err)
+			slices.Sort(m)
+			v = m
+		case "zset":
+			v, err = rig.raw.ZRangeWithScores(ctx, k, 0, -1).Result()
+		case "string":
+			v, err = rig.raw.Get(ctx, k).Result()
+		default:
+			t.Fatalf("key %s of type %s", k, typ)
+		}
+		require.NoError(t, err)
+		state[k] = fmt.Sprint(v)
+	}
+	return state
+}
+
+// randomLog is n events over a few users, with follows and unfollows enough
+// to take accounts across the big-account threshold and back within a batch.
+func randomLog(rng *rand.Rand, n int) []events.Record {
+	const users = 10
+	user := func() domain.UserID { return domain.UserID(rng.IntN(users) + 1) }
+	var (
+		recs  []events.Record
+		live  []events.PostCreated
+		post  domain.PostID = 1000
+		seq   uint64
+		event = func(ev events.Event) {
+			seq++
+			recs = append(recs, events.Record{Seq: seq, Event: ev})
+		}
+	)
+	for range n {
+		a, b := user(), user()
+		if a == b {
+			b = a%users + 1
+		}
+		switch k := rng.IntN(100); {
+		case k < 35:
+			post += domain.PostID(rng.IntN(3) + 1)
+			pc := events.PostCreated{PostID: post, UserID: a}
+			live = append(live, pc)
+			event(pc)
+		case k < 45 && len(live) > 0:
+			i := rng.IntN(len(live))
+			event(events.PostDeleted{PostID: live[i].PostID, UserID: live[i].UserID})
+			live = slices.Delete(live, i, i+1)
+		case k < 75:
+			event(events.UserFollowed{FollowerID: a, FolloweeID: b})
+		case k < 95:
+			event(events.UserUnfollowed{FollowerID: a, FolloweeID: b})
+		default:
+			event(events.PostLiked{PostID: post, UserID: a})
+		}
+	}
+	return recs
+}
+
+// TestPlannerBatchesPlanAsEventByEvent: a batch is planned in a fixed number
+// of round trips however many follows it holds (each follow used to be one),
+// and plans exactly what the same events plan one batch each: the same work
+// for every recipient, in the same order, and the same graph, outboxes and
+// big accounts, also when an account crosses the big-account threshold and
+// back within a batch, and when Redis lost its scripts before a batch (the
+// outbox script must be loaded again before the changes are sent: without
+// it, a batch is left half made).
+func TestPlannerBatchesPlanAsEventByEvent(t *testing.T) {
+	t.Parallel()
+	rig := newPlannerRig(t, feeds.Config{BigThreshold: 3, OutboxCap: 4})
+	for seed := range uint64(6) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		log := randomLog(rng, 400)
+		var batches, single [][]events.Record
+		flushed := map[int]bool{}
+		// The accounts' bigness as the log goes, to see the threshold crossed.
+		followers := map[domain.UserID]map[domain.UserID]bool{}
+		crossed := map[bool]int{}
+		for rest := log; len(rest) > 0; {
+			n := min(len(rest), 1+rng.IntN(80))
+			b := rest[:n]
+			rest = rest[n:]
+			if rng.IntN(5) == 0 {
+				flushed[len(batches)] = true
+			}
+			batches = append(batches, b)
+			// The batch merges follows of the same pair: one batch per event
+			// of the merged batch is the same log.
+			for _, rec := range projections.MergeFollows(slices.Clone(b)).Records {
+				single = append(single, []events.Record{rec})
+				var a, b domain.UserID
+				switch e := rec.Event.(type) {
+				case events.UserFollowed:
+					a, b = e.FollowerID, e.FolloweeID
+				case events.UserUnfollowed:
+					a, b = e.FollowerID, e.FolloweeID
+				default:
+					continue
+				}
+				if followers[b] == nil {
+					followers[b] = map[domain.UserID]bool{}
+				}
+				was := len(followers[b]) > 3
+				_, follow := rec.Event.(events.UserFollowed)
+				if follow {
+					followers[b][a] = true
+				} else {
+					delete(followers[b], a)
+				}
+				if is := len(followers[b]) > 3; is != was {
+					crossed[is]++
+				}
+			}
+		}
+		want, _ := rig.run(t, single, nil)
+		got, trips := rig.run(t, batches, flushed)
+		require.Equal(t, want.state, got.state, "seed %d", seed)
+		// The first item that differs, per recipient, says more than the diff.
+		for u, w := range want.work {
+			g := got.work[u]
+			for i := range max(len(w), len(g)) {
+				if i >= len(w) || i >= len(g) || fmt.Sprint(w[i]) != fmt.Sprint(g[i]) {
+					t.Logf("user %d item %d:\nwant %v\ngot  %v", u, i, w[max(0, i-2):min(len(w), i+3)], g[max(0, i-2):min(len(g), i+3)])
+					break
+				}
+			}
+		}
+		require.Equal(t, want.work, got.work, "seed %d", seed)
+		assert.Greater(t, len(got.work), 3, "seed %d: work for few recipients", seed)
+		assert.Positive(t, crossed[true], "seed %d: no account became big", seed)
+		assert.Positive(t, crossed[false], "seed %d: no account stopped being big", seed)
+		for i, n := range trips {
+			if !flushed[i] {
+				assert.LessOrEqual(t, n, int64(6), "seed %d: round trips of batch %d (%d events)", seed, i, len(batches[i]))
+			}
+		}
+	}
+}
