@@ -135,7 +135,7 @@ func TestPushIntoExpiredInbox(t *testing.T) {
 	w.emit(t, follow(a, b))
 	older := []domain.PostID{w.post(t, b), w.post(t, b)}
 	w.materialise(t, a)
-	require.NoError(t, w.rdb.Del(context.Background(), fmt.Sprintf("feed:v1:{%d}:in", a)).Err()) // expired
+	require.NoError(t, w.rdb.Del(context.Background(), fmt.Sprintf("feed:v1:{%d}:ix", a)).Err()) // expired
 	w.post(t, b)
 	w.settle(t)
 	_, _, _, ok, err := w.store.Inbox(context.Background(), a)
@@ -343,10 +343,14 @@ func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
 	before := w.exact(t, a)
 	require.Len(t, before, 6)
 
-	key := fmt.Sprintf("feed:v1:{%d}:in", a)
-	require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(deleted), Member: int64(deleted)}).Err())   // ghost: deleted
-	require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(stranger), Member: int64(stranger)}).Err()) // ghost: not followed
-	require.NoError(t, w.rdb.ZRem(ctx, key, int64(bPosts[1])).Err())                                           // missing
+	// Inboxes score posts newest first: 2^53 - id.
+	key := fmt.Sprintf("feed:v1:{%d}:ix", a)
+	entry := func(p domain.PostID) redis.Z {
+		return redis.Z{Score: float64(domain.MaxID - int64(p)), Member: int64(p)}
+	}
+	require.NoError(t, w.rdb.ZAdd(ctx, key, entry(deleted)).Err())   // ghost: deleted
+	require.NoError(t, w.rdb.ZAdd(ctx, key, entry(stranger)).Err())  // ghost: not followed
+	require.NoError(t, w.rdb.ZRem(ctx, key, int64(bPosts[1])).Err()) // missing
 	_, err := w.maint.Pass(ctx)
 	require.NoError(t, err)
 	w.settle(t)
@@ -355,7 +359,7 @@ func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
 
 	// Entries of posts that do not exist are ghosts too.
 	for i := range 5 {
-		require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(10 + i), Member: 10 + i}).Err())
+		require.NoError(t, w.rdb.ZAdd(ctx, key, entry(domain.PostID(10+i))).Err())
 	}
 	time.Sleep(2 * time.Millisecond) // the period of the test's round
 	_, err = w.maint.Pass(ctx)
@@ -373,7 +377,7 @@ func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
 	trimmed := w.exact(t, a)
 	require.Len(t, trimmed, 8)
 	for _, p := range before[len(before)-4:] {
-		require.NoError(t, w.rdb.ZAdd(ctx, key, redis.Z{Score: float64(p), Member: int64(p)}).Err())
+		require.NoError(t, w.rdb.ZAdd(ctx, key, entry(p)).Err())
 	}
 	time.Sleep(2 * time.Millisecond)
 	_, err = w.maint.Pass(ctx)

@@ -15,10 +15,13 @@
 //	feed:version          string: the keyspace version in use (absent: 1).
 //	feed:rebuild          hash: the rebuild in progress (its version, the old).
 //	feed:rebuild:lock     string: held by the running rebuild, with a lease.
-//	<p>{<uid>}:in         inbox zset: post ids scored by themselves; "f" scored
-//	                      -(floor+1): the inbox is exactly the feed's posts with
-//	                      id >= floor; "s" scored -(seq+1): the log sequence of the
-//	                      last work item applied. Expires unless read.
+//	<p>{<uid>}:ix         inbox zset: post ids scored by 2^53 minus themselves,
+//	                      newest first; "f" scored -(floor+1): the inbox is
+//	                      exactly the feed's posts with id >= floor; "s" scored
+//	                      -(seq+1): the log sequence of the last work item
+//	                      applied. Expires unless read. (Inboxes of earlier
+//	                      builds, <p>{<uid>}:in, scored posts by themselves, oldest
+//	                      first: no longer read, they expire.)
 //	<p>{<uid>}:out        outbox zset: the author's post ids; "f" scored -(floor+1):
 //	                      exactly the author's live posts with id >= floor.
 //	<p>{<uid>}:fol        set: the user's followers.
@@ -28,7 +31,9 @@
 //	<p>warm               list: materialisation requests (LPUSH, RPOP).
 //	<p>planner:pos        string: the planner's log position.
 //
-// Post ids are 53-bit and time-ordered, so a post's id is its exact score and
-// ordering by score is ordering by time; the specials' negative scores keep
-// them below every post.
+// Post ids are 53-bit and time-ordered, so a post's id (in an inbox, 2^53
+// minus it) is its exact score and ordering by score is ordering by time; the
+// specials' negative scores keep them before every post. An inbox is newest
+// first because a listpack finds where a new entry goes by walking from its
+// head: a push lands at the head, and trimming takes from the tail.
 package feeds

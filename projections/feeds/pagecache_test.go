@@ -58,14 +58,14 @@ func TestPageCacheSeesEveryChange(t *testing.T) {
 	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
 	require.NoError(t, err)
 	require.NoError(t, s.AddToOutbox(ctx, carol, 25))
-	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:in", 5*time.Second).Err())
+	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:ix", 5*time.Second).Err())
 
 	want := feeds.Page{Materialised: true, Posts: ids(20, 10)}
 	assert.Equal(t, want, cachedPage(t, c))
 	assert.Equal(t, want, cachedPage(t, c))
 	assert.Equal(t, 1, c.Lookups("miss"))
 	assert.Equal(t, 1, c.Lookups("hit"))
-	ttl, err := rdb.PTTL(ctx, "feed:v1:{1}:in").Result()
+	ttl, err := rdb.PTTL(ctx, "feed:v1:{1}:ix").Result()
 	require.NoError(t, err)
 	assert.InDelta(t, time.Hour, ttl, float64(time.Minute), "a read refreshes the inbox's TTL")
 

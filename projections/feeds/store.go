@@ -52,7 +52,7 @@ const (
 	stBigKey         = "big"
 	stWarmKey        = "warm"
 	stPlannerPosKey  = "planner:pos"
-	stInboxSuffix    = "in"
+	stInboxSuffix    = "ix"
 	stOutboxSuffix   = "out"
 	stFollowerSuffix = "fol"
 	stFollowsSuffix  = "fng"
@@ -713,7 +713,7 @@ func (s *Store) Page(ctx context.Context, user domain.UserID, bigFollowees []dom
 	}
 	pipe := s.rdb.TxPipeline()
 	s.queueRefresh(ctx, pipe, user)
-	in := s.queueInbox(ctx, pipe, user, by)
+	in := s.queueInbox(ctx, pipe, user, before, n)
 	outs := s.queueOutboxes(ctx, pipe, bigFollowees, by)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return Page{}, stFail(what, err)
@@ -749,7 +749,7 @@ func (s *Store) pageWithBig(ctx context.Context, user domain.UserID, before int6
 		s.queueRefresh(ctx, pipe, user)
 	}
 	bigs := pipe.SInter(ctx, s.key(stBigKey), s.userKey(user, stFollowsSuffix))
-	in := s.queueInbox(ctx, pipe, user, by)
+	in := s.queueInbox(ctx, pipe, user, before, n)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return Page{}, nil, stFail(what, err)
 	}
@@ -797,11 +797,20 @@ func (s *Store) queueRefresh(ctx context.Context, pipe redis.Pipeliner, user dom
 	pipe.PExpire(ctx, s.userKey(user, stInboxSuffix), s.cfg.TTL)
 }
 
-// queueInbox queues the read of user's inbox.
-func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domain.UserID, by *redis.ZRangeBy) pageSource {
+// queueInbox queues the read of user's inbox: at most n posts strictly below
+// before (0: from the newest), which it scores newest first (inboxScore).
+func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domain.UserID, before int64, n int) pageSource {
 	k := s.userKey(user, stInboxSuffix)
-	return pageSource{floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)}
+	by := &redis.ZRangeBy{Min: "0", Max: strconv.FormatInt(inboxScore(1), 10), Count: int64(n)}
+	if before > 0 {
+		by.Min = "(" + strconv.FormatInt(inboxScore(domain.PostID(before)), 10)
+	}
+	return pageSource{floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRangeByScore(ctx, k, by)}
 }
+
+// inboxScore is the score of post p in an inbox: 2^53 - p, newest first (see
+// apply.lua).
+func inboxScore(p domain.PostID) int64 { return domain.MaxID - int64(p) }
 
 // queueOutboxes queues the reads of authors' outboxes.
 func (s *Store) queueOutboxes(ctx context.Context, pipe redis.Pipeliner, authors []domain.UserID, by *redis.ZRangeBy) []pageSource {
@@ -915,7 +924,7 @@ func (s *Store) PopMaterialiseRequests(ctx context.Context, n int) ([]domain.Use
 // the TTL.
 func (s *Store) Inbox(ctx context.Context, user domain.UserID) (posts []domain.PostID, floor int64, seq uint64, ok bool, err error) {
 	what := fmt.Sprintf("read inbox of user %d", user)
-	zs, err := s.rdb.ZRevRangeWithScores(ctx, s.userKey(user, stInboxSuffix), 0, -1).Result()
+	zs, err := s.rdb.ZRangeWithScores(ctx, s.userKey(user, stInboxSuffix), 0, -1).Result()
 	if err != nil {
 		return nil, 0, 0, false, stFail(what, err)
 	}

@@ -370,7 +370,7 @@ func TestPage(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, got.Materialised)
 		assert.Empty(t, got.Posts)
-		n, err := rdb.Exists(ctx, "feed:v1:{2}:in").Result()
+		n, err := rdb.Exists(ctx, "feed:v1:{2}:ix").Result()
 		require.NoError(t, err)
 		assert.Zero(t, n, "reading must not create an inbox")
 	})
@@ -391,25 +391,25 @@ func TestPageRefreshesTTL(t *testing.T) {
 	ctx := t.Context()
 	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10)})
 	require.NoError(t, err)
-	ttl, err := rdb.PTTL(ctx, "feed:v1:{1}:in").Result()
+	ttl, err := rdb.PTTL(ctx, "feed:v1:{1}:ix").Result()
 	require.NoError(t, err)
 	assert.InDelta(t, time.Hour, ttl, float64(time.Minute), "materialise sets the TTL")
 
 	// Given an inbox about to expire
-	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:in", 5*time.Second).Err())
+	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:ix", 5*time.Second).Err())
 	// When it is read
 	_, err = s.Page(ctx, alice, nil, 0, 10)
 	require.NoError(t, err)
 	// Then it lives for the TTL again
-	ttl, err = rdb.PTTL(ctx, "feed:v1:{1}:in").Result()
+	ttl, err = rdb.PTTL(ctx, "feed:v1:{1}:ix").Result()
 	require.NoError(t, err)
 	assert.InDelta(t, time.Hour, ttl, float64(time.Minute))
 
 	// And pushes do not refresh it
-	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:in", 5*time.Second).Err())
+	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:ix", 5*time.Second).Err())
 	_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 20)})
 	require.NoError(t, err)
-	ttl, err = rdb.PTTL(ctx, "feed:v1:{1}:in").Result()
+	ttl, err = rdb.PTTL(ctx, "feed:v1:{1}:ix").Result()
 	require.NoError(t, err)
 	assert.LessOrEqual(t, ttl, 5*time.Second)
 }
@@ -609,7 +609,7 @@ func TestApplyItemsAgainstModel(t *testing.T) {
 	var seq uint64
 	for batch := range 300 {
 		if rng.IntN(40) == 0 {
-			require.NoError(t, rdb.Del(ctx, "feed:v1:{1}:in").Err()) // it expired
+			require.NoError(t, rdb.Del(ctx, "feed:v1:{1}:ix").Err()) // it expired
 			model = inboxModel{}
 		}
 		items := make([]feeds.Item, 1+rng.IntN(6))
@@ -640,7 +640,7 @@ func TestApplyItemsAgainstModel(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, model.state(), readInbox(t, s, alice), "batch %d: %v", batch, items)
 		if model.exists {
-			enc, err := rdb.ObjectEncoding(ctx, "feed:v1:{1}:in").Result()
+			enc, err := rdb.ObjectEncoding(ctx, "feed:v1:{1}:ix").Result()
 			require.NoError(t, err)
 			require.Equal(t, "listpack", enc, "batch %d", batch)
 		}
@@ -680,7 +680,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 			}
 			return ps
 		}
-		key := func(u domain.UserID) string { return "feed:v1:{" + strconv.Itoa(int(u)) + "}:in" }
+		key := func(u domain.UserID) string { return "feed:v1:{" + strconv.Itoa(int(u)) + "}:ix" }
 		models := make([]inboxModel, users+1)
 		var seq uint64
 		for batch := range 150 {
@@ -806,10 +806,10 @@ func TestInboxMemory(t *testing.T) {
 	_, err = s.ApplyItems(ctx, []feeds.Item{materialise(123456, 0, posts...)})
 	require.NoError(t, err)
 
-	enc, err := rdb.ObjectEncoding(ctx, "feed:v1:{1}:in").Result()
+	enc, err := rdb.ObjectEncoding(ctx, "feed:v1:{1}:ix").Result()
 	require.NoError(t, err)
 	assert.Equal(t, "listpack", enc)
-	bytes, err := rdb.MemoryUsage(ctx, "feed:v1:{1}:in").Result()
+	bytes, err := rdb.MemoryUsage(ctx, "feed:v1:{1}:ix").Result()
 	require.NoError(t, err)
 	perEntry := float64(bytes) / 500
 	t.Logf("inbox of 500 posts: %d bytes, %.1f bytes per entry (%s)", bytes, perEntry, enc)
