@@ -20,6 +20,8 @@ type graphFacts struct {
 	big    map[domain.UserID]bool
 	holds  map[projections.FollowPair]bool
 	counts map[domain.UserID]int64
+	// changed are the accounts whose bigness the batch changed, and to what.
+	changed map[domain.UserID]bool
 }
 
 // graphFacts reads the facts of pairs in one round trip. It also makes sure
@@ -54,9 +56,10 @@ func (s *Store) graphFacts(ctx context.Context, pairs []projections.FollowPair) 
 		return nil, err
 	}
 	f := &graphFacts{
-		big:    make(map[domain.UserID]bool, len(big)),
-		holds:  make(map[projections.FollowPair]bool, len(holds)),
-		counts: make(map[domain.UserID]int64, len(counts)),
+		big:     make(map[domain.UserID]bool, len(big)),
+		holds:   make(map[projections.FollowPair]bool, len(holds)),
+		counts:  make(map[domain.UserID]int64, len(counts)),
+		changed: map[domain.UserID]bool{},
 	}
 	for _, b := range big {
 		f.big[b] = true
@@ -84,7 +87,8 @@ func (f *graphFacts) follow(pr projections.FollowPair, follow bool) int64 {
 	return n
 }
 
-// graphChanges queues the planner's changes of the graph and the outboxes,
+// graphChanges queues the planner's changes of the graph and the outboxes
+// (not of the big accounts: see work.bigChanges),
 // and the reads that planning them needs, to be sent in one round trip. Redis
 // runs a pipeline's commands in order (on a Cluster, those of one key: every
 // read here follows the changes of its own key), so each read sees exactly
@@ -151,16 +155,6 @@ func (g *graphChanges) changeFollow(pr projections.FollowPair, follow bool) foll
 		followee: pr.Followee,
 		count:    g.pipe.SCard(g.ctx, fol),
 		outbox:   g.pipe.ZRevRangeWithScores(g.ctx, g.s.userKey(pr.Followee, stOutboxSuffix), 0, -1),
-	}
-}
-
-// setBig queues marking user as a big account or not (see SetBig).
-func (g *graphChanges) setBig(user domain.UserID, big bool) {
-	what := fmt.Sprintf("mark user %d big=%t", user, big)
-	if big {
-		g.write(g.pipe.SAdd(g.ctx, g.s.key(stBigKey), int64(user)), what)
-	} else {
-		g.write(g.pipe.SRem(g.ctx, g.s.key(stBigKey), int64(user)), what)
 	}
 }
 

@@ -204,6 +204,13 @@ type work struct {
 	n     int
 	// big is the set of big accounts as of the event being planned.
 	big map[domain.UserID]bool
+	// bigChanges are the accounts whose bigness the batch changed, and to
+	// what. They are stored with the batch's position, after its work is
+	// published: were they stored with the graph's changes, a batch planned
+	// again after a failure in between would find them made, and miss the
+	// change (and the merges an account that stops being big owes its
+	// followers).
+	bigChanges map[domain.UserID]bool
 }
 
 func (p *Planner) newWork() *work { return &work{parts: make([][]Item, p.cfg.Partitions)} }
@@ -255,7 +262,7 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	if err := p.publish(ctx, w, fresh[0].Seq, fresh[len(fresh)-1].Seq); err != nil {
 		return err
 	}
-	if err := p.store.advancePlannerPosition(ctx, cp, fresh[len(fresh)-1].Seq); err != nil {
+	if err := p.store.advancePlannerPosition(ctx, cp, fresh[len(fresh)-1].Seq, w.bigChanges); err != nil {
 		return err
 	}
 	p.applied = fresh[len(fresh)-1].Seq
@@ -309,6 +316,7 @@ func (p *Planner) planBatch(ctx context.Context, recs []events.Record) (*work, e
 			return nil, err
 		}
 	}
+	w.bigChanges = facts.changed
 	return w, nil
 }
 
@@ -417,8 +425,8 @@ func (p *Planner) queueFollow(g *graphChanges, rec events.Record, facts *graphFa
 	big := n > int64(p.store.Config().BigThreshold)
 	var all *usersRead
 	if big != facts.big[pr.Followee] {
-		g.setBig(pr.Followee, big)
 		facts.big[pr.Followee] = big
+		facts.changed[pr.Followee] = big
 		if !big {
 			r := g.followers(pr.Followee)
 			all = &r

@@ -86,6 +86,14 @@ type plannerRun struct {
 // to Redis of each batch's Apply.
 func (rig *plannerRig) run(t *testing.T, batches [][]events.Record, flushed map[int]bool) (plannerRun, []int64) {
 	t.Helper()
+	return rig.runFailing(t, batches, flushed, nil)
+}
+
+// runFailing is run where the batches failing says fail once first, after
+// their changes to the graph and before their work is published (the fan-out
+// stream is gone), and are then applied again.
+func (rig *plannerRig) runFailing(t *testing.T, batches [][]events.Record, flushed, failing map[int]bool) (plannerRun, []int64) {
+	t.Helper()
 	ctx := t.Context()
 	require.NoError(t, rig.raw.FlushAll(ctx).Err())
 	if err := rig.js.DeleteStream(ctx, feeds.FanoutStream); err != nil {
@@ -96,18 +104,28 @@ func (rig *plannerRig) run(t *testing.T, batches [][]events.Record, flushed map[
 	_, err := p.Checkpoint(ctx)
 	require.NoError(t, err)
 	trips := make([]int64, len(batches))
+	work := map[domain.UserID][]feeds.Item{}
 	for i, b := range batches {
 		if flushed[i] {
 			require.NoError(t, rig.raw.ScriptFlush(ctx).Err())
 		}
+		if failing[i] {
+			require.NoError(t, rig.js.DeleteStream(ctx, feeds.FanoutStream))
+			require.Error(t, p.Apply(ctx, b), "batch %d", i)
+			require.NoError(t, p.EnsureStream(ctx))
+		}
 		before := rig.trips.n.Load()
 		require.NoError(t, p.Apply(ctx, b), "batch %d", i)
 		trips[i] = rig.trips.n.Load() - before
+		for u, items := range rig.work(t) {
+			work[u] = append(work[u], items...)
+		}
 	}
-	return plannerRun{work: rig.work(t), state: rig.dump(t)}, trips
+	return plannerRun{work: work, state: rig.dump(t)}, trips
 }
 
-// work reads back every fan-out message, in the order of the stream.
+// work reads back every fan-out message, in the order of the stream, and
+// empties it.
 func (rig *plannerRig) work(t *testing.T) map[domain.UserID][]feeds.Item {
 	t.Helper()
 	ctx := t.Context()
@@ -125,6 +143,7 @@ func (rig *plannerRig) work(t *testing.T) map[domain.UserID][]feeds.Item {
 			work[it.Recipient] = append(work[it.Recipient], it)
 		}
 	}
+	require.NoError(t, stream.Purge(ctx))
 	return work
 }
 
@@ -276,5 +295,42 @@ func TestPlannerBatchesPlanAsEventByEvent(t *testing.T) {
 				assert.LessOrEqual(t, n, int64(6), "seed %d: round trips of batch %d (%d events)", seed, i, len(batches[i]))
 			}
 		}
+	}
+}
+
+// TestPlannerPlansAgainABatchThatFailedMidway: a batch that failed after its
+// changes to the graph, before its work was published, is planned again from
+// its first event and still finds the change of bigness it holds. Here an
+// account that stops being big still sends its followers the posts of its big
+// period to merge; with the big accounts stored among the graph's changes, the
+// second planning found it small already, sent nothing, and those posts were
+// missing from the followers' feeds for good.
+func TestPlannerPlansAgainABatchThatFailedMidway(t *testing.T) {
+	t.Parallel()
+	rig := newPlannerRig(t, feeds.Config{BigThreshold: 3})
+	const x domain.UserID = 100
+	var log []events.Record
+	add := func(ev events.Event) {
+		log = append(log, events.Record{Seq: uint64(len(log) + 1), Event: ev})
+	}
+	for f := range domain.UserID(4) {
+		add(events.UserFollowed{FollowerID: f + 1, FolloweeID: x})
+	}
+	add(events.PostCreated{PostID: 500, UserID: x}) // big: not pushed
+	add(events.UserUnfollowed{FollowerID: 1, FolloweeID: x})
+	add(events.PostCreated{PostID: 600, UserID: x})
+	batches := [][]events.Record{log[:5], log[5:]}
+
+	for _, failing := range []map[int]bool{nil, {1: true}} {
+		got, _ := rig.runFailing(t, batches, nil, failing)
+		for f := range domain.UserID(3) {
+			var posts []domain.PostID
+			for _, it := range got.work[f+2] {
+				posts = append(posts, it.Posts...)
+			}
+			assert.Contains(t, posts, domain.PostID(500), "follower %d, failing %v: the big period's post", f+2, failing)
+			assert.Contains(t, posts, domain.PostID(600), "follower %d, failing %v", f+2, failing)
+		}
+		assert.NotContains(t, got.state, "feed:v1:big", "failing %v: x is still big", failing)
 	}
 }

@@ -130,9 +130,20 @@ func (s *Store) initPlannerPosition(ctx context.Context) error {
 	return nil
 }
 
-func (s *Store) advancePlannerPosition(ctx context.Context, from, to uint64) error {
-	ok, err := advancePosition.Run(ctx, s.rdb, []string{s.key(stPlannerPosKey)},
-		strconv.FormatUint(from, 10), strconv.FormatUint(to, 10)).Int()
+// advancePlannerPosition also records the batch's changes of the big
+// accounts, in the same round trip, just before (not atomically: the two keys
+// may be in different slots of a Cluster).
+func (s *Store) advancePlannerPosition(ctx context.Context, from, to uint64, big map[domain.UserID]bool) error {
+	var (
+		ok  int
+		err error
+	)
+	if len(big) == 0 {
+		ok, err = advancePosition.Run(ctx, s.rdb, []string{s.key(stPlannerPosKey)},
+			strconv.FormatUint(from, 10), strconv.FormatUint(to, 10)).Int()
+	} else {
+		ok, err = s.advanceWithBig(ctx, from, to, big)
+	}
 	if err != nil {
 		return stFail("advance planner position", err)
 	}
@@ -185,4 +196,24 @@ func (s *Store) clearWarming(ctx context.Context, users []domain.UserID) error {
 		return stFail("clear materialisation requests", err)
 	}
 	return nil
+}
+
+func (s *Store) advanceWithBig(ctx context.Context, from, to uint64, big map[domain.UserID]bool) (int, error) {
+	// Loaded first, so that the pipeline's EVALSHA finds it.
+	if err := advancePosition.Load(ctx, s.rdb).Err(); err != nil {
+		return 0, err
+	}
+	pipe := s.rdb.Pipeline()
+	for u, b := range big {
+		if b {
+			pipe.SAdd(ctx, s.key(stBigKey), int64(u))
+		} else {
+			pipe.SRem(ctx, s.key(stBigKey), int64(u))
+		}
+	}
+	adv := advancePosition.EvalSha(ctx, pipe, []string{s.key(stPlannerPosKey)}, strconv.FormatUint(from, 10), strconv.FormatUint(to, 10))
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	return adv.Int()
 }
