@@ -628,6 +628,11 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 	}
 	var acks []jetstream.PubAckFuture
 	for part, items := range w.parts {
+		// Each recipient's items together, in their order: a message then
+		// holds long runs of one recipient's pushes, which an applier puts
+		// into the inbox at once (see apply.lua), rather than a post's
+		// followers one after another.
+		slices.SortStableFunc(items, func(a, b Item) int { return cmp.Compare(a.Recipient, b.Recipient) })
 		for len(items) > 0 {
 			n := min(len(items), p.cfg.ItemsPerMessage)
 			data, err := encodeWork(items[:n])

@@ -157,16 +157,19 @@ local function putOne(p, pn, min)
   return true
 end
 
--- put adds the item's posts that are >= min, keeping the cap newest posts;
--- if any had to go, the floor becomes the oldest kept. It makes room before
--- it adds, so the zset never holds more than the cap and the two specials: one
--- that outgrew zset-max-listpack-entries even for a moment would keep the
--- large encoding for good.
+-- put adds the item's posts (it.posts if it has them, else its arguments)
+-- that are >= min, keeping the cap newest posts; if any had to go, the floor
+-- becomes the oldest kept. It makes room before it adds, so the zset never
+-- holds more than the cap and the two specials: one that outgrew
+-- zset-max-listpack-entries even for a moment would keep the large encoding for
+-- good.
 local function put(it, min)
   if it.p and putOne(ARGV[it.first], it.p, min) then return end
   local cand, seen = {}, {}
-  for j = it.first, it.last do
-    local p = ARGV[j]
+  local src, lo, hi = ARGV, it.first, it.last
+  if it.posts then src, lo, hi = it.posts, 1, #it.posts end
+  for j = lo, hi do
+    local p = src[j]
     if not seen[p] and tonumber(p) >= min then
       seen[p] = true
       cand[#cand + 1] = p
@@ -327,7 +330,8 @@ for r = 1, #KEYS do
     rcall('ZADD', key, lone.score, lone.post, lone.s, 's')
     applied = applied + 1
   else
-    for k = 1, #list do
+    local k = 1
+    while k <= #list do
       local it = list[k]
       local op = it.op
       if op == 6 then
@@ -348,6 +352,26 @@ for r = 1, #KEYS do
       elseif op < 1 or op > 6 then
         if dirty then save() end
         return redis.error_reply('ERR feed apply: unknown op ' .. num(op))
+      elseif op == 1 and exists and list[k + 1] and list[k + 1].op == 1 then
+        -- A run of pushes (what a recipient gets from a batch of posts under
+        -- load) is put at once: the inbox is read, trimmed and added to once,
+        -- not once a post. The result is the pushes' one by one: put keeps the
+        -- cap newest of the inbox and the posts, whatever their order, and a
+        -- post that a push before it would have put below the floor is among
+        -- the oldest, so it goes too. Each push is still skipped unless it is
+        -- newer than the last item applied.
+        local run = {posts = {}}
+        while list[k] and list[k].op == 1 do
+          local p = list[k]
+          if p.seq > seq then
+            for j = p.first, p.last do run.posts[#run.posts + 1] = ARGV[j] end
+            seq, sscore = p.seq, p.s
+            applied, dirty = applied + 1, true
+          end
+          k = k + 1
+        end
+        put(run, floor)
+        k = k - 1
       elseif exists and it.seq > seq then
         if op == 1 then
           put(it, floor)
@@ -363,6 +387,7 @@ for r = 1, #KEYS do
         seq, sscore = it.seq, it.s
         applied, dirty = applied + 1, true
       end
+      k = k + 1
     end
     if dirty then save() end
   end
