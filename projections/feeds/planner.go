@@ -126,6 +126,11 @@ func (p *Planner) EnsureStream(ctx context.Context) error {
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		Duplicates:  10 * time.Minute,
+		// Reads look at the oldest message's header for the feeds' position
+		// (positionAfter): a direct get returns it as it is stored, where the
+		// stream API wraps the whole message, some thousands of items, in
+		// base64 inside JSON, which took a tenth of the API's CPU under load.
+		AllowDirect: true,
 	})
 	if err != nil {
 		return fmt.Errorf("fan-out stream: %w", err)
