@@ -1,6 +1,7 @@
 package feeds_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -219,6 +220,128 @@ func BenchmarkFanout(b *testing.B) {
 	}
 }
 
+// BenchmarkFanoutBurst measures what a planner batch of several posts to the
+// same followers becomes: 1 000 followers with full inboxes (500) receive bursts
+// of ten posts, each burst's pushes sorted by recipient as the planner sends
+// them (so an applier finds each recipient's ten pushes together and puts them
+// at once) and applied as in BenchmarkFanout; next to the raw limit, the same
+// entries as pipelined single-member ZADDs into keys laid out the same way, in
+// the same order, chunks and partitions. Twenty bursts, 200 000 entries a
+// measurement.
+//
+//	go test -run '^$' -bench BenchmarkFanoutBurst -benchtime 1x ./projections/feeds
+func BenchmarkFanoutBurst(b *testing.B) {
+	const (
+		followersN = 1000
+		burst      = 10
+		bursts     = 20
+	)
+	rdb := benchRedis(b)
+	store := feeds.NewStore(rdb, feeds.Config{})
+	posts := newBenchPosts(b)
+	seq := uint64(1)
+	followers := make([]domain.UserID, followersN)
+	for i := range followers {
+		followers[i] = domain.UserID(9_000_000 + i + 1)
+	}
+	old := posts.take(store.Config().InboxCap)
+	setupFollowers(b, rdb, store, followers, old, seq)
+	type entry struct {
+		user domain.UserID
+		post domain.PostID
+	}
+	for _, partitions := range []int{1, 4} {
+		b.Run(fmt.Sprintf("partitions=%d", partitions), func(b *testing.B) {
+			for b.Loop() {
+				var raws, applies []rate
+				var ratios []float64
+				for pair := range benchPairs {
+					var work [][][][]feeds.Item
+					var raw [][][][]entry
+					for range bursts {
+						var items []feeds.Item
+						var entries []entry
+						for range burst {
+							seq++
+							p := posts.next()
+							for _, f := range followers {
+								items = append(items, feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpPush, Posts: []domain.PostID{p}})
+								entries = append(entries, entry{f, p})
+							}
+						}
+						slices.SortStableFunc(items, func(a, b feeds.Item) int { return cmp.Compare(a.Recipient, b.Recipient) })
+						slices.SortStableFunc(entries, func(a, b entry) int { return cmp.Compare(a.user, b.user) })
+						work = append(work, byPartition(items, itemRecipient, partitions, benchChunk))
+						raw = append(raw, byPartition(entries, func(e entry) domain.UserID { return e.user }, partitions, benchChunk))
+					}
+					n := float64(bursts * burst * followersN)
+					measureRaw := func() rate {
+						// Back to 500 entries first: grown past
+						// zset-max-listpack-entries, a key would turn into a
+						// skiplist, which adds in a different time.
+						setupRaw(b, rdb, followers, old, 1)
+						return measure(b, rdb, n, func(ctx context.Context) error {
+							for _, parts := range raw {
+								var g errgroup.Group
+								for _, chunks := range parts {
+									g.Go(func() error {
+										for _, c := range chunks {
+											pipe := rdb.Pipeline()
+											for _, e := range c {
+												pipe.ZAdd(ctx, rawKey(e.user), redis.Z{Score: rawScore(e.post), Member: strconv.FormatInt(int64(e.post), 10)})
+											}
+											if _, err := pipe.Exec(ctx); err != nil {
+												return fmt.Errorf("raw zadd: %w", err)
+											}
+										}
+										return nil
+									})
+								}
+								if err := g.Wait(); err != nil {
+									return err
+								}
+							}
+							return nil
+						})
+					}
+					measureApply := func() rate {
+						return measure(b, rdb, n, func(ctx context.Context) error {
+							for _, w := range work {
+								applied, err := applyChunks(ctx, store, w)
+								if err != nil {
+									return err
+								}
+								if applied != burst*followersN {
+									return fmt.Errorf("%d of %d pushes applied", applied, burst*followersN)
+								}
+							}
+							return nil
+						})
+					}
+					var r, a rate
+					if pair%2 == 1 {
+						a = measureApply()
+						r = measureRaw()
+					} else {
+						r = measureRaw()
+						a = measureApply()
+					}
+					raws, applies = append(raws, r), append(applies, a)
+					ratios = append(ratios, a.rate/r.rate)
+				}
+				raw, apply, ratio := medianRate(raws), medianRate(applies), median(ratios)
+				b.ReportMetric(apply.rate, "entries/s")
+				b.ReportMetric(raw.rate, "raw-zadd/s")
+				b.ReportMetric(ratio, "ratio")
+				b.ReportMetric(apply.redisCPU, "redis-µs/entry")
+				b.ReportMetric(raw.redisCPU, "raw-redis-µs/zadd")
+				fmt.Fprintf(os.Stderr, "burst of %d posts to %d full inboxes, %d partitions | %12.0f entries/s %9.2f µs | raw %12.0f zadd/s %9.2f µs | %5.2f  (%s)\n",
+					burst, followersN, partitions, apply.rate, apply.redisCPU, raw.rate, raw.redisCPU, ratio, fmtRatios(ratios))
+			}
+		})
+	}
+}
+
 // fanoutPair fans out rounds new posts to followers, once as raw ZADDs and
 // once through the appliers (first if applyFirst), and returns both rates.
 func fanoutPair(b *testing.B, rdb *redis.Client, store *feeds.Store, posts *benchPosts, seq *uint64, followers []domain.UserID, rounds, partitions int, applyFirst bool) (raw, apply rate) {
@@ -354,6 +477,14 @@ func setupFollowers(b *testing.B, rdb *redis.Client, store *feeds.Store, followe
 	if applied != int64(len(followers)) {
 		b.Fatalf("%d of %d inboxes materialised", applied, len(followers))
 	}
+	setupRaw(b, rdb, followers, posts, seq)
+}
+
+// setupRaw gives each follower a raw key holding posts and the two specials,
+// as setupFollowers does for an inbox, replacing what it held.
+func setupRaw(b *testing.B, rdb *redis.Client, followers []domain.UserID, posts []domain.PostID, seq uint64) {
+	b.Helper()
+	ctx := context.Background()
 	members := make([]redis.Z, 0, len(posts)+2)
 	members = append(members, redis.Z{Score: -1, Member: "f"}, redis.Z{Score: -float64(seq + 1), Member: "s"})
 	for _, p := range posts {
@@ -362,6 +493,7 @@ func setupFollowers(b *testing.B, rdb *redis.Client, store *feeds.Store, followe
 	for c := range slices.Chunk(followers, benchChunk) {
 		pipe := rdb.Pipeline()
 		for _, f := range c {
+			pipe.Del(ctx, rawKey(f))
 			pipe.ZAdd(ctx, rawKey(f), members...)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
