@@ -205,12 +205,7 @@ func BenchmarkFanout(b *testing.B) {
 							raws, applies = append(raws, raw), append(applies, apply)
 							ratios = append(ratios, apply.rate/raw.rate)
 						}
-						raw, apply, ratio := medianRate(raws), medianRate(applies), median(ratios)
-						b.ReportMetric(apply.rate, "entries/s")
-						b.ReportMetric(raw.rate, "raw-zadd/s")
-						b.ReportMetric(ratio, "ratio")
-						b.ReportMetric(apply.redisCPU, "redis-µs/entry")
-						b.ReportMetric(raw.redisCPU, "raw-redis-µs/zadd")
+						raw, apply, ratio := reportFanout(b, raws, applies, ratios)
 						fmt.Fprintf(os.Stderr, "%9d %5d %5d %5d | %12.0f %9.2f | %12.0f %9.2f | %5.2f  (%s)\n",
 							c.followers, c.inbox, partitions, rounds, apply.rate, apply.redisCPU, raw.rate, raw.redisCPU, ratio, fmtRatios(ratios))
 					}
@@ -306,35 +301,14 @@ func BenchmarkFanoutBurst(b *testing.B) {
 					}
 					measureApply := func() rate {
 						return measure(b, rdb, n, func(ctx context.Context) error {
-							for _, w := range work {
-								applied, err := applyChunks(ctx, store, w)
-								if err != nil {
-									return err
-								}
-								if applied != burst*followersN {
-									return fmt.Errorf("%d of %d pushes applied", applied, burst*followersN)
-								}
-							}
-							return nil
+							return applyAll(ctx, store, work, burst*followersN)
 						})
 					}
-					var r, a rate
-					if pair%2 == 1 {
-						a = measureApply()
-						r = measureRaw()
-					} else {
-						r = measureRaw()
-						a = measureApply()
-					}
+					r, a := inTurn(pair%2 == 1, measureRaw, measureApply)
 					raws, applies = append(raws, r), append(applies, a)
 					ratios = append(ratios, a.rate/r.rate)
 				}
-				raw, apply, ratio := medianRate(raws), medianRate(applies), median(ratios)
-				b.ReportMetric(apply.rate, "entries/s")
-				b.ReportMetric(raw.rate, "raw-zadd/s")
-				b.ReportMetric(ratio, "ratio")
-				b.ReportMetric(apply.redisCPU, "redis-µs/entry")
-				b.ReportMetric(raw.redisCPU, "raw-redis-µs/zadd")
+				raw, apply, ratio := reportFanout(b, raws, applies, ratios)
 				fmt.Fprintf(os.Stderr, "burst of %d posts to %d full inboxes, %d partitions | %12.0f entries/s %9.2f µs | raw %12.0f zadd/s %9.2f µs | %5.2f  (%s)\n",
 					burst, followersN, partitions, apply.rate, apply.redisCPU, raw.rate, raw.redisCPU, ratio, fmtRatios(ratios))
 			}
@@ -373,24 +347,47 @@ func fanoutPair(b *testing.B, rdb *redis.Client, store *feeds.Store, posts *benc
 	}
 	measureApply := func() rate {
 		return measure(b, rdb, entries, func(ctx context.Context) error {
-			for _, w := range work {
-				applied, err := applyChunks(ctx, store, w)
-				if err != nil {
-					return err
-				}
-				if applied != int64(len(followers)) {
-					return fmt.Errorf("%d of %d pushes applied: every follower's inbox must take the post", applied, len(followers))
-				}
-			}
-			return nil
+			return applyAll(ctx, store, work, int64(len(followers)))
 		})
 	}
+	return inTurn(applyFirst, measureRaw, measureApply)
+}
+
+// inTurn measures raw and apply, apply first if applyFirst, and returns both.
+func inTurn(applyFirst bool, raw, apply func() rate) (rate, rate) {
 	if applyFirst {
-		apply = measureApply()
-		return measureRaw(), apply
+		a := apply()
+		return raw(), a
 	}
-	raw = measureRaw()
-	return raw, measureApply()
+	r := raw()
+	return r, apply()
+}
+
+// reportFanout reports the medians of a case's measurements as the
+// benchmark's metrics and returns them.
+func reportFanout(b *testing.B, raws, applies []rate, ratios []float64) (raw, apply rate, ratio float64) {
+	raw, apply, ratio = medianRate(raws), medianRate(applies), median(ratios)
+	b.ReportMetric(apply.rate, "entries/s")
+	b.ReportMetric(raw.rate, "raw-zadd/s")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(apply.redisCPU, "redis-µs/entry")
+	b.ReportMetric(raw.redisCPU, "raw-redis-µs/zadd")
+	return raw, apply, ratio
+}
+
+// applyAll applies each fan-out's work in turn, as the appliers do, and fails
+// unless each applied want items: every follower's inbox must take the posts.
+func applyAll(ctx context.Context, store *feeds.Store, work [][][][]feeds.Item, want int64) error {
+	for _, w := range work {
+		applied, err := applyChunks(ctx, store, w)
+		if err != nil {
+			return err
+		}
+		if applied != want {
+			return fmt.Errorf("%d of %d pushes applied: every follower's inbox must take the posts", applied, want)
+		}
+	}
+	return nil
 }
 
 // median is the middle of xs (the mean of the two middle ones if even).
