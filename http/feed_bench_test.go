@@ -91,7 +91,7 @@ func newHomeBench(b *testing.B) *homeBench {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pool, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema)
+	pool, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema, 0)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -96,7 +96,7 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	require.NoError(t, err)
 	log, err := events.OpenLog(ctx, js, events.Config{}, nil)
 	require.NoError(t, err)
-	pool, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema)
+	pool, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema, 0)
 	require.NoError(t, err)
 	rdb := redis.NewClient(&redis.Options{Addr: stack.Redis.Addr()})
 	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", "1024").Err())

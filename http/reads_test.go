@@ -28,7 +28,7 @@ func readModelDB(t *testing.T) *pgxpool.Pool {
 	ctx := context.Background()
 	pg := localstack.PostgresForTest(t)
 	require.NoError(t, migrations.Up(ctx, pg.URL(), migrations.Schema))
-	pool, err := readmodel.OpenPool(ctx, pg.URL(), migrations.Schema)
+	pool, err := readmodel.OpenPool(ctx, pg.URL(), migrations.Schema, 0)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool

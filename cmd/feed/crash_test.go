@@ -157,7 +157,7 @@ func TestNoAcknowledgedCommandIsLostWhenTheProcessIsKilled(t *testing.T) {
 		assert.Equal(t, events.UserFollowed{FollowerID: a.follower, FolloweeID: a.followee}, rec.Event, "the event at %d", a.seq)
 	}
 
-	pg, err := readmodel.OpenPool(t.Context(), stack.Postgres.URL(), migrations.Schema)
+	pg, err := readmodel.OpenPool(t.Context(), stack.Postgres.URL(), migrations.Schema, 0)
 	require.NoError(t, err)
 	defer pg.Close()
 	store := readmodel.NewStore(pg)

@@ -66,7 +66,7 @@ func newReplayWorld(t *testing.T) *replayWorld {
 func (w *replayWorld) rebuilt(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
-	pg, err := readmodel.OpenPool(ctx, w.stack.Postgres.URL(), migrations.Schema)
+	pg, err := readmodel.OpenPool(ctx, w.stack.Postgres.URL(), migrations.Schema, 0)
 	require.NoError(t, err)
 	defer pg.Close()
 	var posts, position int

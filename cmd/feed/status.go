@@ -90,7 +90,7 @@ func connectStatus(ctx context.Context, cfg config) *statusConns {
 	}
 
 	databaseURL := databaseURLOf(cfg)
-	if pg, err := readmodel.OpenPool(ctx, databaseURL, migrations.Schema); err != nil {
+	if pg, err := readmodel.OpenPool(ctx, databaseURL, migrations.Schema, 0); err != nil {
 		c.errs["postgres"] = fmt.Sprintf("connect postgres: %v", err)
 	} else {
 		c.closes = append(c.closes, pg.Close)

@@ -45,7 +45,7 @@ func TestStatus(t *testing.T) {
 		_, err := log.AppendEvent(ctx, fmt.Sprintf("ev-%d", i), time.Now(), events.PostLiked{UserID: 1, PostID: 100})
 		require.NoError(t, err)
 	}
-	pg, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema)
+	pg, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema, 0)
 	require.NoError(t, err)
 	t.Cleanup(pg.Close)
 	setCheckpoint := func(pos int) {

@@ -57,7 +57,7 @@ func BenchmarkReplay(b *testing.B) {
 	pg := localstack.PostgresForTest(b)
 	for b.Loop() {
 		raw := rawOrderedRead(b, js, log.Stream(), n)
-		pool, err := readmodel.OpenPool(ctx, pg.URL(), migrations.Schema)
+		pool, err := readmodel.OpenPool(ctx, pg.URL(), migrations.Schema, 0)
 		if err != nil {
 			b.Fatal(err)
 		}

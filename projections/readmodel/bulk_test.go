@@ -25,7 +25,7 @@ import (
 // transaction of a batch.
 func TestBatchStatementsNeedNoStatistics(t *testing.T) {
 	ctx := context.Background()
-	pool, err := OpenPool(ctx, localstack.PostgresForTest(t).URL(), migrations.Schema)
+	pool, err := OpenPool(ctx, localstack.PostgresForTest(t).URL(), migrations.Schema, 0)
 	require.NoError(t, err)
 	defer pool.Close()
 	for _, table := range []string{"posts", "likes", "follows"} {

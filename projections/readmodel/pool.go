@@ -23,11 +23,16 @@ func PoolConfig(url, schema string) (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
-// OpenPool connects to the read model in schema (see PoolConfig).
-func OpenPool(ctx context.Context, url, schema string) (*pgxpool.Pool, error) {
+// OpenPool connects to the read model in schema (see PoolConfig) with at
+// most maxConns connections; 0 leaves the url's pool_max_conns or pgx's
+// default.
+func OpenPool(ctx context.Context, url, schema string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := PoolConfig(url, schema)
 	if err != nil {
 		return nil, err
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -42,7 +42,7 @@ func pjDatabase(t *testing.T, pg *localstack.Postgres, name string) *pgxpool.Poo
 	_, err = admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE feed")
 	require.NoError(t, err)
 	url := strings.Replace(pg.URL(), "/feed?", "/"+name+"?", 1)
-	pool, err := readmodel.OpenPool(ctx, url, migrations.Schema)
+	pool, err := readmodel.OpenPool(ctx, url, migrations.Schema, 0)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
