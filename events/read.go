@@ -161,25 +161,26 @@ func (l *Log) pending(ctx context.Context, opts ReadOptions) (uint64, error) {
 	return n, nil
 }
 
-// Touch is one event as Watch sees it: its position and subject, without the
-// body.
+// Touch is one event as Watch sees it: its position, subject and stored
+// body, which Decode turns into the event when the subject is not enough.
 type Touch struct {
 	Seq     uint64
 	Subject string
+	Data    []byte
 }
 
-// Watch delivers the position and subject of every event appended after the
-// sequence after, in log order, until ctx ends (returning nil) or fn returns an
-// error (returned). It asks the server for headers only, so following a busy
-// log costs little: it is for readers that need to know what changed, not how
-// (such as a cache that drops what an event touches).
+// Watch delivers the position, subject and body of every event appended after
+// the sequence after, in log order, until ctx ends (returning nil) or fn
+// returns an error (returned). It decodes nothing: it is for readers that
+// mostly need to know what changed (such as a cache that drops what an event
+// touches) and decode the few events they need whole.
 func (l *Log) Watch(ctx context.Context, after uint64, fn func(Touch) error) error {
-	cfg := jetstream.OrderedConsumerConfig{HeadersOnly: true, DeliverPolicy: jetstream.DeliverAllPolicy}
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if after > 0 {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = after + 1
 	}
 	return l.follow(ctx, "watch", cfg, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) (bool, error) {
-		return false, fn(Touch{Seq: meta.Sequence.Stream, Subject: msg.Subject()})
+		return false, fn(Touch{Seq: meta.Sequence.Stream, Subject: msg.Subject(), Data: msg.Data()})
 	})
 }

@@ -20,9 +20,16 @@ import (
 //   - Each entry is a post (or one viewer's like of it) exactly as the read
 //     model held it at a known log position, its asOf: the projector's
 //     checkpoint read in the same snapshot as the rows (Store.PostsAt).
-//   - Watch follows the log (headers only). An event on a post (edit, delete,
-//     like, comment) drops the entries of that post older than the event and
-//     marks the post dirty up to it.
+//   - Watch follows the log. An event on a post (edit, delete, like, comment)
+//     drops the entries of that post older than the event and marks the post
+//     dirty up to it.
+//   - A post's creation puts it in, as the read model holds it once the event
+//     is applied (createdPost), with its position as asOf: a post is created
+//     once, by its first event, so no other event on it can precede it, and
+//     every later one drops it as above. A home feed's first page is mostly
+//     posts seconds old, which would otherwise each be read from Postgres.
+//   - A post with no likes is liked by no viewer: its entry answers for every
+//     viewer, without a like state of each.
 //   - A read that began before the event but fills the cache after it carries
 //     an asOf below the mark and is not kept. Marks are forgotten once the read
 //     model is seen past them, and fills from before that (below floor) are not
@@ -198,12 +205,23 @@ func (c *Cache) Run(ctx context.Context) error {
 // comments change how it hydrates; a like also changes its actor's has_liked.
 func (c *Cache) touched(t events.Touch) error {
 	actor, kind, target, ok := events.ParseSubject(t.Subject)
+	var created *Post
+	if ok && kind == events.KindPost {
+		created = c.creation(t)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seen = t.Seq
 	if ok {
 		switch kind {
-		case events.KindPost, events.KindComment:
+		case events.KindPost:
+			c.dropPost(domain.PostID(target), t.Seq)
+			if created != nil && created.ID == domain.PostID(target) {
+				if _, ok := c.posts.Peek(created.ID); !ok { // none read at or after t
+					c.posts.Add(created.ID, cachedPost{post: *created, asOf: t.Seq, at: time.Now()})
+				}
+			}
+		case events.KindComment:
 			c.dropPost(domain.PostID(target), t.Seq)
 		case events.KindLike:
 			c.dropPost(domain.PostID(target), t.Seq)
@@ -212,6 +230,23 @@ func (c *Cache) touched(t events.Touch) error {
 	}
 	c.prune(time.Now())
 	return nil
+}
+
+// creation is the post t creates, if it is a creation the read model takes:
+// the API's own checks, which the read model's constraints follow. Any other
+// event on a post, or one that cannot be decoded, is nil (the projector
+// reports those).
+func (c *Cache) creation(t events.Touch) *Post {
+	rec, err := c.log.Decode(t.Data, t.Seq, t.Subject)
+	if err != nil {
+		return nil
+	}
+	e, ok := rec.Event.(events.PostCreated)
+	if !ok || domain.ValidateCaption(e.Caption) != nil || domain.ValidateImageCount(len(e.Media)) != nil {
+		return nil
+	}
+	p := createdPost(e)
+	return &p
 }
 
 func (c *Cache) dropPost(id domain.PostID, seq uint64) {
@@ -305,7 +340,7 @@ func (c *Cache) cached(ids []domain.PostID, viewer domain.UserID, minPos uint64,
 			continue
 		}
 		old := now.Sub(e.at) >= c.cfg.MaxAge/2
-		if viewer != 0 {
+		if viewer != 0 && e.post.LikeCount > 0 {
 			l, ok := c.likes.Get(viewerLike{viewer: viewer, post: id})
 			if !ok || now.Sub(l.at) >= c.cfg.MaxAge {
 				missing = append(missing, id)

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
 )
 
 // checkpointName is the projector_checkpoints row whose position Position
@@ -51,6 +52,23 @@ type Post struct {
 	HasLiked bool
 	// Media are the post's images by position.
 	Media []Media
+}
+
+// createdPost is the post e creates exactly as the read model reads it once
+// e is applied: not edited, no likes or comments, its images in their order,
+// and its time as Postgres keeps it and pgx returns it (whole microseconds, in
+// the local zone).
+func createdPost(e events.PostCreated) Post {
+	media := make([]Media, len(e.Media))
+	for i, m := range e.Media {
+		media[i] = Media{Key: m.Key, ContentType: m.ContentType, Width: m.Width, Height: m.Height, Position: i}
+	}
+	t := e.CreatedAt
+	return Post{
+		ID: e.PostID, UserID: e.UserID, Caption: e.Caption,
+		CreatedAt: time.Unix(t.Unix(), int64(t.Nanosecond()/1000*1000)),
+		Media:     media,
+	}
 }
 
 // GridItem is a post in a profile grid.
