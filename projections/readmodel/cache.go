@@ -3,6 +3,7 @@ package readmodel
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,8 +29,11 @@ import (
 //     once, by its first event, so no other event on it can precede it, and
 //     every later one drops it as above. A home feed's first page is mostly
 //     posts seconds old, which would otherwise each be read from Postgres.
-//   - A post with no likes is liked by no viewer: its entry answers for every
-//     viewer, without a like state of each.
+//   - A post with no likes is liked by no viewer. Its entry, created or read
+//     so, keeps its likers from the likes heard of since (up to maxLikers),
+//     answers for every viewer without a like state of each, and a like or a
+//     comment changes it as the projector changes the row, rather than
+//     dropping it: a first page's posts are the ones being liked.
 //   - A read that began before the event but fills the cache after it carries
 //     an asOf below the mark and is not kept. Marks are forgotten once the read
 //     model is seen past them, and fills from before that (below floor) are not
@@ -98,7 +102,17 @@ type cachedPost struct {
 	post Post // HasLiked false: likes are per viewer
 	asOf uint64
 	at   time.Time
+	// likers, when likersKnown, are all who like the post as of asOf: none
+	// from its creation or a read that found no likes, then the likes heard
+	// since, up to maxLikers. They answer has_liked for every viewer, and let
+	// a like change the entry rather than drop it.
+	likers      []domain.UserID
+	likersKnown bool
 }
+
+// maxLikers bounds the likers an entry keeps; a post liked more is dropped by
+// its next like, and its viewers' like states are read from Postgres.
+const maxLikers = 32
 
 type viewerLike struct {
 	viewer domain.UserID
@@ -201,52 +215,107 @@ func (c *Cache) Run(ctx context.Context) error {
 	}
 }
 
-// touched drops what the event at t touches: a post's events, likes and
-// comments change how it hydrates; a like also changes its actor's has_liked.
+// touched applies the event at t to what it touches: a post's events, likes
+// and comments change how it hydrates; a like also changes its actor's
+// has_liked. A creation puts the post in; a comment, and a like of a post
+// whose likers are known, change the entry as the read model changes the row;
+// anything else drops it.
 func (c *Cache) touched(t events.Touch) error {
 	actor, kind, target, ok := events.ParseSubject(t.Subject)
-	var created *Post
-	if ok && kind == events.KindPost {
-		created = c.creation(t)
+	var ev events.Event
+	if ok {
+		// Undecodable: dropped, and the projector reports it.
+		if rec, err := c.log.Decode(t.Data, t.Seq, t.Subject); err == nil {
+			ev = rec.Event
+		}
 	}
+	post := domain.PostID(target)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seen = t.Seq
 	if ok {
 		switch kind {
 		case events.KindPost:
-			c.dropPost(domain.PostID(target), t.Seq)
-			if created != nil && created.ID == domain.PostID(target) {
-				if _, ok := c.posts.Peek(created.ID); !ok { // none read at or after t
-					c.posts.Add(created.ID, cachedPost{post: *created, asOf: t.Seq, at: time.Now()})
+			c.dropPost(post, t.Seq)
+			if e, ok := ev.(events.PostCreated); ok && e.PostID == post && creates(e) {
+				if _, ok := c.posts.Peek(post); !ok { // none read at or after t
+					c.posts.Add(post, cachedPost{post: createdPost(e), asOf: t.Seq, at: time.Now(), likersKnown: true})
 				}
 			}
 		case events.KindComment:
-			c.dropPost(domain.PostID(target), t.Seq)
+			e, ok := ev.(events.CommentAdded)
+			if !ok || e.PostID != post || domain.ValidateComment(e.Text) != nil ||
+				!c.update(post, t.Seq, func(p *cachedPost) bool { p.post.CommentCount++; return true }) {
+				c.dropPost(post, t.Seq)
+			}
 		case events.KindLike:
-			c.dropPost(domain.PostID(target), t.Seq)
-			c.dropLike(viewerLike{viewer: actor, post: domain.PostID(target)}, t.Seq)
+			var liked bool
+			switch e := ev.(type) {
+			case events.PostLiked:
+				liked, ok = true, e.PostID == post && e.UserID == actor
+			case events.PostUnliked:
+				liked, ok = false, e.PostID == post && e.UserID == actor
+			default:
+				ok = false
+			}
+			k := viewerLike{viewer: actor, post: post}
+			if !ok || !c.update(post, t.Seq, func(p *cachedPost) bool { return p.like(actor, liked) }) {
+				c.dropPost(post, t.Seq)
+			}
+			if !ok {
+				c.dropLike(k, t.Seq)
+			} else if e, found := c.likes.Peek(k); !found || e.asOf < t.Seq {
+				c.likes.Add(k, cachedLike{liked: liked, asOf: t.Seq, at: time.Now()})
+			}
 		}
 	}
 	c.prune(time.Now())
 	return nil
 }
 
-// creation is the post t creates, if it is a creation the read model takes:
-// the API's own checks, which the read model's constraints follow. Any other
-// event on a post, or one that cannot be decoded, is nil (the projector
-// reports those).
-func (c *Cache) creation(t events.Touch) *Post {
-	rec, err := c.log.Decode(t.Data, t.Seq, t.Subject)
-	if err != nil {
-		return nil
+// creates reports whether the read model takes e: the API's own checks, which
+// the read model's constraints follow.
+func creates(e events.PostCreated) bool {
+	return domain.ValidateCaption(e.Caption) == nil && domain.ValidateImageCount(len(e.Media)) == nil
+}
+
+// update changes post's entry by the event at seq, if it has one older than
+// the event, and marks the post dirty up to it; false if change could not
+// (the caller then drops the entry).
+func (c *Cache) update(post domain.PostID, seq uint64, change func(*cachedPost) bool) bool {
+	c.dirty[post] = max(c.dirty[post], seq)
+	e, ok := c.posts.Peek(post)
+	if !ok || e.asOf >= seq {
+		return true // nothing held, or held as of after the event
 	}
-	e, ok := rec.Event.(events.PostCreated)
-	if !ok || domain.ValidateCaption(e.Caption) != nil || domain.ValidateImageCount(len(e.Media)) != nil {
-		return nil
+	if !change(&e) {
+		return false
 	}
-	p := createdPost(e)
-	return &p
+	e.asOf = seq
+	c.posts.Add(post, e)
+	return true
+}
+
+// like records viewer's like (liked) or unlike of the post as the read model
+// does: a like counts once, an unlike only undoes one. Without the likers
+// known, or past maxLikers of them, it cannot.
+func (e *cachedPost) like(viewer domain.UserID, liked bool) bool {
+	if !e.likersKnown {
+		return false
+	}
+	i := slices.Index(e.likers, viewer)
+	switch {
+	case liked && i < 0:
+		if len(e.likers) >= maxLikers {
+			return false
+		}
+		e.likers = append(slices.Clip(e.likers), viewer)
+		e.post.LikeCount++
+	case !liked && i >= 0:
+		e.likers = slices.Delete(slices.Clone(e.likers), i, i+1)
+		e.post.LikeCount--
+	}
+	return true
 }
 
 func (c *Cache) dropPost(id domain.PostID, seq uint64) {
@@ -340,7 +409,11 @@ func (c *Cache) cached(ids []domain.PostID, viewer domain.UserID, minPos uint64,
 			continue
 		}
 		old := now.Sub(e.at) >= c.cfg.MaxAge/2
-		if viewer != 0 && e.post.LikeCount > 0 {
+		switch {
+		case viewer == 0:
+		case e.likersKnown:
+			e.post.HasLiked = slices.Contains(e.likers, viewer)
+		default:
 			l, ok := c.likes.Get(viewerLike{viewer: viewer, post: id})
 			if !ok || now.Sub(l.at) >= c.cfg.MaxAge {
 				missing = append(missing, id)
@@ -428,7 +501,7 @@ func (c *Cache) fill(read map[domain.PostID]Post, asOf uint64, viewer domain.Use
 		if e, ok := c.posts.Peek(id); !ok || e.asOf <= asOf {
 			content := p
 			content.HasLiked = false
-			c.posts.Add(id, cachedPost{post: content, asOf: asOf, at: now})
+			c.posts.Add(id, cachedPost{post: content, asOf: asOf, at: now, likersKnown: p.LikeCount == 0})
 		}
 		if viewer == 0 {
 			continue

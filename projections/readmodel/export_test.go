@@ -24,3 +24,6 @@ func AllPostIDs(ctx context.Context, s *Store) ([]domain.PostID, error) {
 		return domain.PostID(id), err
 	})
 }
+
+// MaxLikers is how many likers a cached post keeps.
+const MaxLikers = maxLikers
