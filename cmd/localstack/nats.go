@@ -33,6 +33,9 @@ type NATSConfig struct {
 	SyncInterval time.Duration
 	// ServerName is the server's name in logs and monitoring; default "feed".
 	ServerName string
+	// MaxPayload is the largest message the server takes, headers included;
+	// 0 keeps the server's default (1 MiB).
+	MaxPayload int32
 }
 
 // NATS is a running embedded NATS server with JetStream enabled.
@@ -79,6 +82,7 @@ func StartNATS(cfg NATSConfig, log *slog.Logger) (*NATS, error) {
 		// The ASCII-art banner is noise in test output.
 		DisableJetStreamBanner: true,
 		SyncAlways:             cfg.SyncAlways,
+		MaxPayload:             cfg.MaxPayload,
 	}
 	if !cfg.SyncAlways && cfg.SyncInterval > 0 {
 		opts.SyncInterval = cfg.SyncInterval

@@ -632,6 +632,9 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 		return nil
 	}
 	var acks []jetstream.PubAckFuture
+	// The body's share of the server's largest payload: headers take a few
+	// dozen bytes.
+	limit := int(p.js.Conn().MaxPayload()) - 1024
 	for part, items := range w.parts {
 		// Each recipient's items together, in their order: a message then
 		// holds long runs of one recipient's pushes, which an applier puts
@@ -643,6 +646,16 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 			data, err := encodeWork(items[:n])
 			if err != nil {
 				return err
+			}
+			// Items differ in size (a follow's carries up to an outbox of
+			// posts), and the server refuses a message over its largest
+			// payload: that batch would fail for ever. Fewer items, in
+			// proportion, until the message fits.
+			for len(data) > limit && n > 1 {
+				n = max(1, min(n-1, n*limit/len(data)*9/10))
+				if data, err = encodeWork(items[:n]); err != nil {
+					return err
+				}
 			}
 			// No dedup id: work published again after a rewind must be delivered
 			// (an inbox built meanwhile needs it), and the inboxes' sequence guard

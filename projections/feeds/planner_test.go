@@ -49,12 +49,24 @@ type plannerRig struct {
 	js    jetstream.JetStream
 	store *feeds.Store
 	trips *roundTrips
+	pcfg  feeds.PlannerConfig
+	// bytes and biggest are the fan-out messages' bodies read back: in all,
+	// and the largest.
+	bytes, biggest int
 }
 
 func newPlannerRig(t *testing.T, cfg feeds.Config) *plannerRig {
 	t.Helper()
+	return newPlannerRigOn(t, cfg, localstack.NATSConfig{}, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 5})
+}
+
+// newPlannerRigOn is newPlannerRig with the NATS server configured as ncfg
+// and the planners as pcfg.
+func newPlannerRigOn(t *testing.T, cfg feeds.Config, ncfg localstack.NATSConfig, pcfg feeds.PlannerConfig) *plannerRig {
+	t.Helper()
 	r := localstack.RedisForTest(t)
-	ns, err := localstack.StartNATS(localstack.NATSConfig{Dir: t.TempDir()}, slog.New(slog.DiscardHandler))
+	ncfg.Dir = t.TempDir()
+	ns, err := localstack.StartNATS(ncfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	t.Cleanup(ns.Shutdown)
 	nc, err := nats.Connect(ns.ClientURL())
@@ -67,6 +79,7 @@ func newPlannerRig(t *testing.T, cfg feeds.Config) *plannerRig {
 		raw:   redis.NewClient(&redis.Options{Addr: r.Addr()}),
 		js:    js,
 		trips: &roundTrips{},
+		pcfg:  pcfg,
 	}
 	t.Cleanup(func() { _ = rig.rdb.Close(); _ = rig.raw.Close() })
 	rig.rdb.AddHook(rig.trips)
@@ -101,7 +114,7 @@ func (rig *plannerRig) runFailing(t *testing.T, batches [][]events.Record, flush
 	t.Helper()
 	ctx := t.Context()
 	require.NoError(t, rig.raw.FlushAll(ctx).Err())
-	p := feeds.NewPlanner(rig.store, rig.js, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 5}, nil)
+	p := feeds.NewPlanner(rig.store, rig.js, rig.pcfg, nil)
 	require.NoError(t, p.EnsureStream(ctx))
 	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
 	require.NoError(t, err)
@@ -145,6 +158,8 @@ func (rig *plannerRig) work(t *testing.T) map[domain.UserID][]feeds.Item {
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		msg, err := stream.GetMsg(ctx, seq)
 		require.NoError(t, err)
+		rig.bytes += len(msg.Data)
+		rig.biggest = max(rig.biggest, len(msg.Data))
 		items, err := feeds.DecodeWork(msg.Data)
 		require.NoError(t, err)
 		for _, it := range items {
@@ -341,4 +356,46 @@ func TestPlannerPlansAgainABatchThatFailedMidway(t *testing.T) {
 		}
 		assert.NotContains(t, got.state, "feed:v1:big", "failing %v: x is still big", failing)
 	}
+}
+
+// TestPlannerKeepsMessagesUnderTheServersLimit: the items per message bound
+// the work of a partition in one message, but items differ in size (a follow
+// carries up to the outbox cap of posts), and a message over the server's
+// largest payload is refused: the planner would then fail the same batch for
+// ever. Here the server takes 16 KiB and a batch's work is several times that
+// in each partition; it is published whole, as the same events publish in
+// messages of five items.
+func TestPlannerKeepsMessagesUnderTheServersLimit(t *testing.T) {
+	t.Parallel()
+	var log []events.Record
+	add := func(ev events.Event) {
+		log = append(log, events.Record{Seq: uint64(len(log) + 1), Event: ev})
+	}
+	const authors, followers = 12, 150
+	for a := range domain.UserID(authors) {
+		for f := range domain.UserID(followers) {
+			add(events.UserFollowed{FollowerID: 1000 + f, FolloweeID: a + 1})
+		}
+	}
+	graph := len(log)
+	for i := range 40 {
+		add(events.PostCreated{PostID: domain.PostID(1_000_000 + i), UserID: domain.UserID(i%authors + 1)})
+	}
+	for f := range domain.UserID(followers) { // each merges posts of author 1
+		add(events.UserUnfollowed{FollowerID: 1000 + f, FolloweeID: 1})
+		add(events.UserFollowed{FollowerID: 1000 + f, FolloweeID: 1})
+	}
+	batches := [][]events.Record{log[:graph], log[graph:]}
+
+	small := newPlannerRig(t, feeds.Config{BigThreshold: 1000})
+	want, _ := small.run(t, batches, nil)
+	const limit = 16 << 10
+	rig := newPlannerRigOn(t, feeds.Config{BigThreshold: 1000}, localstack.NATSConfig{MaxPayload: limit},
+		feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 100_000})
+	got, _ := rig.run(t, batches, nil)
+	require.Equal(t, want.work, got.work)
+	require.Equal(t, want.state, got.state)
+	assert.Greater(t, rig.bytes, 2*3*3*limit, "the work is not several times the limit in each partition of each batch: the test proves nothing")
+	assert.LessOrEqual(t, rig.biggest, limit)
+	t.Logf("%d bytes of work, the largest message %d", rig.bytes, rig.biggest)
 }
