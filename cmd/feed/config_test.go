@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -75,4 +76,21 @@ func TestServeRefusesWithoutASecret(t *testing.T) {
 	secret, err := cfg.jwtSecret(true)
 	require.NoError(t, err)
 	assert.Equal(t, devJWTSecret, secret)
+}
+
+// TestServiceSetsItsGCTargetUnlessGOGCIs: the service runs its collector at
+// gcPercent, but an operator's GOGC wins.
+func TestServiceSetsItsGCTargetUnlessGOGCIs(t *testing.T) {
+	prev := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(prev) })
+
+	pct, set := setGCPercent(func(string) (string, bool) { return "", false })
+	assert.False(t, set)
+	assert.Equal(t, gcPercent, pct)
+	assert.Equal(t, gcPercent, debug.SetGCPercent(150), "the target in force")
+
+	pct, set = setGCPercent(func(k string) (string, bool) { return "150", k == "GOGC" })
+	assert.True(t, set)
+	assert.Equal(t, 150, pct, "what GOGC set is left alone")
+	assert.Equal(t, 150, debug.SetGCPercent(prev))
 }
