@@ -244,7 +244,7 @@ func logStop(logger *slog.Logger, what string, err error) {
 // taking requests, finish in-flight work, disconnect, stop child processes.
 func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdout io.Writer) error {
 	if pct, set := setGCPercent(os.LookupEnv); !set {
-		logger.Info("garbage collector target set; GOGC overrides it", "gogc", pct)
+		logger.Info("garbage collector target (GOGC, when set, takes precedence)", "gogc", pct)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -21,13 +21,13 @@ import (
 //   - Each entry is a post (or one viewer's like of it) exactly as the read
 //     model held it at a known log position, its asOf: the projector's
 //     checkpoint read in the same snapshot as the rows (Store.PostsAt).
-//   - Watch follows the log. An event on a post (edit, delete, like, comment)
-//     drops the entries of that post older than the event and marks the post
-//     dirty up to it.
+//   - Watch follows the log. An event on a post (an edit, a delete, a like
+//     the cache cannot apply exactly) drops the entries of that post older
+//     than the event and marks the post dirty up to it.
 //   - A post's creation puts it in, as the read model holds it once the event
 //     is applied (createdPost), with its position as asOf: a post is created
 //     once, by its first event, so no other event on it can precede it, and
-//     every later one drops it as above. A home feed's first page is mostly
+//     every later one drops or changes it. A home feed's first page is mostly
 //     posts seconds old, which would otherwise each be read from Postgres.
 //   - A post with no likes is liked by no viewer. Its entry, created or read
 //     so, keeps its likers from the likes heard of since (up to maxLikers),
