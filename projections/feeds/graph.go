@@ -30,44 +30,79 @@ type graphFacts struct {
 // would leave the batch half made.
 func (s *Store) graphFacts(ctx context.Context, pairs []projections.FollowPair) (*graphFacts, error) {
 	pipe := s.rdb.Pipeline()
-	scripts := pipe.ScriptExists(ctx, s.outboxAdd.Hash())
-	bigCmd := pipe.SMembers(ctx, s.key(stBigKey))
-	holds := make(map[projections.FollowPair]*redis.BoolCmd, len(pairs))
-	counts := map[domain.UserID]*redis.IntCmd{}
+	r := s.queueFacts(ctx, pipe, pairs)
+	_, _ = pipe.Exec(ctx) // each command's error is looked at by r.facts
+	return r.facts(ctx)
+}
+
+// factsRead is graphFacts's reads, queued on a pipeline.
+type factsRead struct {
+	s       *Store
+	scripts *redis.BoolSliceCmd
+	big     *redis.StringSliceCmd
+	holds   map[projections.FollowPair]*redis.BoolCmd
+	counts  map[domain.UserID]*redis.IntCmd
+}
+
+// queueFacts queues on pipe the reads of graphFacts, so that they can share a
+// round trip with others (see Planner.Apply).
+func (s *Store) queueFacts(ctx context.Context, pipe redis.Pipeliner, pairs []projections.FollowPair) *factsRead {
+	r := &factsRead{
+		s:       s,
+		scripts: pipe.ScriptExists(ctx, s.outboxAdd.Hash()),
+		big:     pipe.SMembers(ctx, s.key(stBigKey)),
+		holds:   make(map[projections.FollowPair]*redis.BoolCmd, len(pairs)),
+		counts:  map[domain.UserID]*redis.IntCmd{},
+	}
 	for _, pr := range pairs {
 		key := s.userKey(pr.Followee, stFollowerSuffix)
-		if _, ok := holds[pr]; !ok {
-			holds[pr] = pipe.SIsMember(ctx, key, int64(pr.Follower))
+		if _, ok := r.holds[pr]; !ok {
+			r.holds[pr] = pipe.SIsMember(ctx, key, int64(pr.Follower))
 		}
-		if _, ok := counts[pr.Followee]; !ok {
-			counts[pr.Followee] = pipe.SCard(ctx, key)
+		if _, ok := r.counts[pr.Followee]; !ok {
+			r.counts[pr.Followee] = pipe.SCard(ctx, key)
 		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, stFail("read the follow graph", err)
+	return r
+}
+
+// facts is what the reads found, once their pipeline has run; it loads the
+// outbox script if Redis lacks it.
+func (r *factsRead) facts(ctx context.Context) (*graphFacts, error) {
+	cmds := []redis.Cmder{r.scripts, r.big}
+	for _, c := range r.holds {
+		cmds = append(cmds, c)
 	}
-	if have := scripts.Val(); len(have) != 1 || !have[0] {
-		if err := s.outboxAdd.Load(ctx, s.rdb).Err(); err != nil {
+	for _, c := range r.counts {
+		cmds = append(cmds, c)
+	}
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return nil, stFail("read the follow graph", err)
+		}
+	}
+	if have := r.scripts.Val(); len(have) != 1 || !have[0] {
+		if err := r.s.outboxAdd.Load(ctx, r.s.rdb).Err(); err != nil {
 			return nil, stFail("load outbox script", err)
 		}
 	}
-	big, err := stParseUsers(bigCmd.Val(), "read big accounts", nil)
+	big, err := stParseUsers(r.big.Val(), "read big accounts", nil)
 	if err != nil {
 		return nil, err
 	}
 	f := &graphFacts{
 		big:     make(map[domain.UserID]bool, len(big)),
-		holds:   make(map[projections.FollowPair]bool, len(holds)),
-		counts:  make(map[domain.UserID]int64, len(counts)),
+		holds:   make(map[projections.FollowPair]bool, len(r.holds)),
+		counts:  make(map[domain.UserID]int64, len(r.counts)),
 		changed: map[domain.UserID]bool{},
 	}
 	for _, b := range big {
 		f.big[b] = true
 	}
-	for pr, cmd := range holds {
+	for pr, cmd := range r.holds {
 		f.holds[pr] = cmd.Val()
 	}
-	for u, cmd := range counts {
+	for u, cmd := range r.counts {
 		f.counts[u] = cmd.Val()
 	}
 	return f, nil

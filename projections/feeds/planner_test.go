@@ -315,7 +315,7 @@ func TestPlannerBatchesPlanAsEventByEvent(t *testing.T) {
 		assert.Positive(t, crossed[false], "seed %d: no account stopped being big", seed)
 		for i, n := range trips {
 			if !flushed[i] {
-				assert.LessOrEqual(t, n, int64(6), "seed %d: round trips of batch %d (%d events)", seed, i, len(batches[i]))
+				assert.LessOrEqual(t, n, int64(5), "seed %d: round trips of batch %d (%d events)", seed, i, len(batches[i]))
 			}
 		}
 	}

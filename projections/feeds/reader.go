@@ -158,18 +158,34 @@ func (s *Store) advancePlannerPosition(ctx context.Context, from, to uint64, big
 // planner's state), and the keyspace version in use.
 func (s *Store) plannerState(ctx context.Context) (seq uint64, stored bool, active int64, err error) {
 	pipe := s.rdb.Pipeline()
-	pos := pipe.Get(ctx, s.key(stPlannerPosKey))
-	version := pipe.Get(ctx, VersionKey)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return 0, false, 0, stFail("read planner position", err)
+	r := s.queuePlannerState(ctx, pipe)
+	_, _ = pipe.Exec(ctx) // each command's error is looked at by r.result
+	return r.result()
+}
+
+// plannerStateRead is plannerState's reads, queued on a pipeline.
+type plannerStateRead struct{ pos, version *redis.StringCmd }
+
+// queuePlannerState queues on pipe the reads of plannerState, so that they can
+// share a round trip with others (see Planner.Apply).
+func (s *Store) queuePlannerState(ctx context.Context, pipe redis.Pipeliner) plannerStateRead {
+	return plannerStateRead{pos: pipe.Get(ctx, s.key(stPlannerPosKey)), version: pipe.Get(ctx, VersionKey)}
+}
+
+// result is what the reads found, once their pipeline has run.
+func (r plannerStateRead) result() (seq uint64, stored bool, active int64, err error) {
+	for _, c := range []*redis.StringCmd{r.pos, r.version} {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return 0, false, 0, stFail("read planner position", err)
+		}
 	}
 	active = 1
-	if v, err := version.Int64(); err == nil {
+	if v, err := r.version.Int64(); err == nil {
 		active = v
 	} else if !errors.Is(err, redis.Nil) {
 		return 0, false, 0, fmt.Errorf("read the feeds' keyspace version: %w", err)
 	}
-	v, err := pos.Result()
+	v, err := r.pos.Result()
 	if errors.Is(err, redis.Nil) {
 		return 0, false, active, nil
 	}
