@@ -399,3 +399,33 @@ func TestPlannerKeepsMessagesUnderTheServersLimit(t *testing.T) {
 	assert.LessOrEqual(t, rig.biggest, limit)
 	t.Logf("%d bytes of work, the largest message %d", rig.bytes, rig.biggest)
 }
+
+// TestPlannerSkipsWhatItAppliedAlready: after a crash between storing its
+// position and acknowledging, the planner is given batches that begin with
+// events it has applied. It plans only the rest, and plans them as a batch of
+// those alone would: the facts and the merging of follows are of the new
+// events, not of the whole batch (an old follow merged with a new unfollow of
+// the same pair would otherwise be planned again, or not at all).
+func TestPlannerSkipsWhatItAppliedAlready(t *testing.T) {
+	t.Parallel()
+	rig := newPlannerRig(t, feeds.Config{BigThreshold: 3, OutboxCap: 4})
+	for seed := range uint64(4) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		log := randomLog(rng, 300)
+		var exact, overlapping [][]events.Record
+		for from := 0; from < len(log); {
+			n := min(len(log)-from, 1+rng.IntN(60))
+			exact = append(exact, log[from:from+n])
+			back := 0
+			if from > 0 {
+				back = rng.IntN(min(from, 30) + 1) // events applied already
+			}
+			overlapping = append(overlapping, log[from-back:from+n])
+			from += n
+		}
+		want, _ := rig.run(t, exact, nil)
+		got, _ := rig.run(t, overlapping, nil)
+		require.Equal(t, want.state, got.state, "seed %d", seed)
+		require.Equal(t, want.work, got.work, "seed %d", seed)
+	}
+}
