@@ -34,16 +34,29 @@ const commitTimeout = 5 * time.Second
 // development machine: 1 in flight 3 071/s, 2 → 4 162/s, 4 → 2 456/s, 8 → 1 086/s.
 const maxInflight = 2
 
+// defaultAtomicFrom is the smallest group committed as one atomic batch. The
+// server stages an R1 file stream's atomic batch in a store of its own, created,
+// synced and removed for every batch; a sync per event is cheaper than that for
+// small groups. Measured on the development machine (sync always, 64
+// concurrent appenders, CPU of the process holding server and client): at 800
+// appends/s, every group atomic 470–500 µs of CPU per append, p99 8.6 ms;
+// pipelined up to 15, atomic from 16, 400–480 µs, p99 2.4 ms. At 9 000/s only
+// the mixed committer keeps up: p50 11 ms against 153 ms, and groups of 32 or
+// more atomic fall behind too.
+const defaultAtomicFrom = 16
+
 // committer is group commit. Appends that arrive while commits are under way
-// wait, and go together in the next one as a single atomic batch: the server
-// writes and syncs the batch once, so with sync always every acknowledged event
-// is on disk without a sync per event. A caller has one append under way at a
-// time, so its appends stay in the order it made them.
+// wait, and go together in the next commit: a large group as a single atomic
+// batch, which the server writes and syncs once, so with sync always every
+// acknowledged event is on disk without a sync per event; a small one as
+// pipelined publishes, one acknowledgement each. A caller has one append under
+// way at a time, so its appends stay in the order it made them.
 type committer struct {
-	js       jetstream.JetStream
-	maxBatch int
-	metrics  *Metrics
-	slots    chan struct{}
+	js         jetstream.JetStream
+	maxBatch   int
+	atomicFrom int
+	metrics    *Metrics
+	slots      chan struct{}
 
 	queue     chan *pendingAppend
 	stop      chan struct{}
@@ -62,11 +75,12 @@ type appendResult struct {
 	err error
 }
 
-func startCommitter(js jetstream.JetStream, maxBatch int, metrics *Metrics) *committer {
+func startCommitter(js jetstream.JetStream, maxBatch, atomicFrom int, metrics *Metrics) *committer {
 	c := &committer{
-		js:       js,
-		maxBatch: max(maxBatch, 1),
-		metrics:  metrics,
+		js:         js,
+		maxBatch:   max(maxBatch, 1),
+		atomicFrom: max(atomicFrom, 2),
+		metrics:    metrics,
 		queue:    make(chan *pendingAppend),
 		slots:    make(chan struct{}, maxInflight),
 		stop:     make(chan struct{}),
@@ -151,6 +165,10 @@ func (c *committer) commit(batch []*pendingAppend) {
 		live[0].done <- appendResult{res: res, err: err}
 		return
 	}
+	if len(live) < c.atomicFrom {
+		c.publishPipelined(live)
+		return
+	}
 	first, err := c.publishBatch(live)
 	if err == nil {
 		for i, p := range live {
@@ -165,6 +183,40 @@ func (c *committer) commit(batch []*pendingAppend) {
 	for _, p := range live {
 		res, err := publishOne(p.ctx, c.js, p.msg)
 		p.done <- appendResult{res: res, err: err}
+	}
+}
+
+// publishPipelined sends every append of the group before waiting for the
+// first acknowledgement, and answers each with its own. The server stores them
+// in the order sent; each stands alone, so a retry among them is answered as a
+// duplicate without failing the others.
+func (c *committer) publishPipelined(group []*pendingAppend) {
+	futures := make([]jetstream.PubAckFuture, len(group))
+	for i, p := range group {
+		f, err := c.js.PublishMsgAsync(p.msg)
+		if err != nil {
+			p.done <- appendResult{err: err}
+			continue
+		}
+		futures[i] = f
+	}
+	wait, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	defer cancel()
+	for i, f := range futures {
+		if f == nil {
+			continue
+		}
+		p := group[i]
+		select {
+		case ack := <-f.Ok():
+			p.done <- appendResult{res: Appended{Seq: ack.Sequence, Duplicate: ack.Duplicate}}
+		case err := <-f.Err():
+			p.done <- appendResult{err: err}
+		case <-p.ctx.Done():
+			p.done <- appendResult{err: p.ctx.Err()}
+		case <-wait.Done():
+			p.done <- appendResult{err: fmt.Errorf("publish %s: %w", p.msg.Subject, wait.Err())}
+		}
 	}
 }
 

@@ -16,14 +16,30 @@ import (
 	"github.com/feedproject/feed/events"
 )
 
+// groupCommits are the ways a group of appends can be committed: every group
+// of two or more as an atomic batch, or every group pipelined.
+var groupCommits = []struct {
+	name       string
+	atomicFrom int
+}{
+	{"atomic", 2},
+	{"pipelined", 1 << 20},
+}
+
 // TestGroupCommitStoresEachEventAtItsSequence appends concurrently, so the
 // appends share batches, and checks that every caller was told the sequence its
 // own event is stored at.
 func TestGroupCommitStoresEachEventAtItsSequence(t *testing.T) {
+	for _, gc := range groupCommits {
+		t.Run(gc.name, func(t *testing.T) { testGroupCommitStoresEachEventAtItsSequence(t, gc.atomicFrom) })
+	}
+}
+
+func testGroupCommitStoresEachEventAtItsSequence(t *testing.T, atomicFrom int) {
 	ctx := context.Background()
 	ns := natsForTest(t)
 	reg := prometheus.NewRegistry()
-	log, err := events.OpenLog(ctx, ns.js, events.Config{MaxBatch: 16}, events.NewMetrics(reg))
+	log, err := events.OpenLog(ctx, ns.js, events.Config{MaxBatch: 16, AtomicFrom: atomicFrom}, events.NewMetrics(reg))
 	require.NoError(t, err)
 	t.Cleanup(log.Close)
 
@@ -78,11 +94,18 @@ func TestGroupCommitStoresEachEventAtItsSequence(t *testing.T) {
 
 // TestGroupCommitWithRetriesInTheBatch mixes retries of stored events with new
 // ones: the server refuses an atomic batch holding a duplicate, so the committer
-// falls back to one append each, and every caller still gets the right answer.
+// falls back to one append each; pipelined, each is answered on its own. Every
+// caller gets the right answer either way.
 func TestGroupCommitWithRetriesInTheBatch(t *testing.T) {
+	for _, gc := range groupCommits {
+		t.Run(gc.name, func(t *testing.T) { testGroupCommitWithRetriesInTheBatch(t, gc.atomicFrom) })
+	}
+}
+
+func testGroupCommitWithRetriesInTheBatch(t *testing.T, atomicFrom int) {
 	ctx := context.Background()
 	ns := natsForTest(t)
-	log, err := events.OpenLog(ctx, ns.js, events.Config{}, nil)
+	log, err := events.OpenLog(ctx, ns.js, events.Config{AtomicFrom: atomicFrom}, nil)
 	require.NoError(t, err)
 	t.Cleanup(log.Close)
 

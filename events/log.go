@@ -23,10 +23,14 @@ type Config struct {
 	// DedupWindow is how long a Nats-Msg-Id is remembered, and so how long a
 	// client may retry a command with the same Idempotency-Key; default 10m.
 	DedupWindow time.Duration
-	// MaxBatch is the most unconditional appends committed together as one
-	// atomic batch (group commit: one write and one sync for all of them); 1
-	// commits each alone; default 256.
+	// MaxBatch is the most unconditional appends committed together (group
+	// commit); 1 commits each alone; default 256.
 	MaxBatch int
+	// AtomicFrom is the size from which appends committed together go as one
+	// atomic batch, which the server writes and syncs once; smaller groups are
+	// published pipelined, each synced on its own. Default 16 (see
+	// defaultAtomicFrom).
+	AtomicFrom int
 }
 
 func (c Config) withDefaults() Config {
@@ -41,6 +45,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBatch == 0 {
 		c.MaxBatch = 256
+	}
+	if c.AtomicFrom == 0 {
+		c.AtomicFrom = defaultAtomicFrom
 	}
 	return c
 }
@@ -85,7 +92,7 @@ func OpenLog(ctx context.Context, js jetstream.JetStream, cfg Config, metrics *M
 		return nil, fmt.Errorf("create or update stream %s: %w", cfg.Name, classify(err))
 	}
 	l := &Log{js: js, stream: stream, cfg: cfg, registry: NewRegistry(), metrics: metrics}
-	l.commit = startCommitter(js, cfg.MaxBatch, metrics)
+	l.commit = startCommitter(js, cfg.MaxBatch, cfg.AtomicFrom, metrics)
 	return l, nil
 }
 

@@ -2,7 +2,9 @@ package loadbench
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"image"
 	"image/png"
 	"math/rand/v2"
@@ -16,21 +18,35 @@ type multipartForm struct {
 	body        []byte
 }
 
-// postForms prepares n distinct post bodies, each with a caption and one
-// side×side PNG of random pixels (random pixels do not compress, so each is
-// about 4·side² bytes), so that posting costs the bench no encoding.
-func postForms(n, side int, rng *rand.Rand) ([]multipartForm, error) {
-	forms := make([]multipartForm, n)
-	for i := range forms {
-		img, err := noisePNG(side, rng)
-		if err != nil {
-			return nil, err
-		}
-		if forms[i], err = postForm(fmt.Sprintf("bench post %d", i), img); err != nil {
+// noiseImages prepares n side×side PNGs of random pixels (random pixels do not
+// compress, so each is about 4·side² bytes), so that posting costs the bench no
+// encoding.
+func noiseImages(n, side int, rng *rand.Rand) ([][]byte, error) {
+	imgs := make([][]byte, n)
+	for i := range imgs {
+		var err error
+		if imgs[i], err = noisePNG(side, rng); err != nil {
 			return nil, err
 		}
 	}
-	return forms, nil
+	return imgs, nil
+}
+
+// uniquePNG returns img with a text chunk numbering it inserted before its last
+// chunk (IEND): the same picture in bytes no other post has, as real uploads
+// are, so the service stores every post's image rather than finding it stored
+// already.
+func uniquePNG(img []byte, n uint64) []byte {
+	const iendLen = 12 // length, type, CRC; no data
+	data := fmt.Appendf([]byte("Comment\x00"), "bench image %d", n)
+	chunk := binary.BigEndian.AppendUint32(nil, uint32(len(data)))
+	chunk = append(chunk, "tEXt"...)
+	chunk = append(chunk, data...)
+	chunk = binary.BigEndian.AppendUint32(chunk, crc32.ChecksumIEEE(chunk[4:]))
+	out := make([]byte, 0, len(img)+len(chunk))
+	out = append(out, img[:len(img)-iendLen]...)
+	out = append(out, chunk...)
+	return append(out, img[len(img)-iendLen:]...)
 }
 
 func noisePNG(side int, rng *rand.Rand) ([]byte, error) {

@@ -173,7 +173,7 @@ func Run(ctx context.Context, cfg Config, target Target) (*Report, error) {
 			return nil, fmt.Errorf("token for user %d: %w", i+1, err)
 		}
 	}
-	forms, err := postForms(64, cfg.ImageSide, rng)
+	images, err := noiseImages(64, cfg.ImageSide, rng)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +182,7 @@ func Run(ctx context.Context, cfg Config, target Target) (*Report, error) {
 		progress = io.Discard
 	}
 	r := &runner{
-		cfg: cfg, target: target, graph: graph, forms: forms, progress: progress,
+		cfg: cfg, target: target, graph: graph, images: images, progress: progress,
 		api:     newClient(target.BaseURL, tokens, cfg.MaxInFlight),
 		slots:   make(chan struct{}, cfg.MaxInFlight),
 		fresh:   make(chan struct{}, 256),

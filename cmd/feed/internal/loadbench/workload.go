@@ -17,7 +17,7 @@ type runner struct {
 	cfg      Config
 	target   Target
 	graph    *Graph
-	forms    []multipartForm
+	images   [][]byte // prepared PNGs, made unique per post
 	api      *client
 	progress io.Writer
 	report   *Report
@@ -25,6 +25,8 @@ type runner struct {
 	slots chan struct{} // one per open-loop request in flight
 	fresh chan struct{} // one per freshness poller running
 	tasks sync.WaitGroup
+
+	postsPlanned atomic.Uint64 // numbers each post's image
 
 	// Totals since the start, for the sampler's per-second rates.
 	commandsDone, readsDone atomic.Int64
@@ -152,8 +154,8 @@ func (r *runner) randomUser(rng *rand.Rand) domain.UserID {
 	return domain.UserID(rng.IntN(r.graph.Users()) + 1)
 }
 
-// planPost: a random author posts one of the prepared forms; some posts have
-// their freshness measured.
+// planPost: a random author posts one of the prepared images, made unique;
+// some posts have their freshness measured.
 func (r *runner) planPost(rng *rand.Rand) func(time.Time) arrival {
 	budget := newFreshBudget(r.cfg.FreshRate)
 	bigs := r.graph.BigAccounts()
@@ -162,13 +164,19 @@ func (r *runner) planPost(rng *rand.Rand) func(time.Time) arrival {
 		if len(bigs) > 0 && rng.Float64() < r.cfg.BigPostShare {
 			author = bigs[rng.IntN(len(bigs))]
 		}
-		form := r.forms[rng.IntN(len(r.forms))]
+		n := r.postsPlanned.Add(1)
+		img := uniquePNG(r.images[rng.IntN(len(r.images))], n)
 		big := r.graph.IsBig(author)
 		var pollers []domain.UserID
 		if budget.take(big, intended) {
 			pollers = sample(rng, r.graph.Followers(author), r.cfg.FreshFollowers)
 		}
 		return func(ctx context.Context, p *phase, intended time.Time) {
+			form, err := postForm(fmt.Sprintf("bench post %d", n), img)
+			if err != nil {
+				p.record(kindPost, intended, err)
+				return
+			}
 			id, pos, err := r.api.post(ctx, author, form)
 			p.record(kindPost, intended, err)
 			if err != nil {
