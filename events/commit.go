@@ -81,10 +81,10 @@ func startCommitter(js jetstream.JetStream, maxBatch, atomicFrom int, metrics *M
 		maxBatch:   max(maxBatch, 1),
 		atomicFrom: max(atomicFrom, 2),
 		metrics:    metrics,
-		queue:    make(chan *pendingAppend),
-		slots:    make(chan struct{}, maxInflight),
-		stop:     make(chan struct{}),
-		stopped:  make(chan struct{}),
+		queue:      make(chan *pendingAppend),
+		slots:      make(chan struct{}, maxInflight),
+		stop:       make(chan struct{}),
+		stopped:    make(chan struct{}),
 	}
 	go c.run()
 	return c

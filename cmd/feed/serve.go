@@ -107,6 +107,7 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 			Persist: true,
 			// Inboxes stay compact listpacks up to this many entries.
 			ZSetListpackEntries: listpackEntries(cfg),
+			Nice:                devRedisNice,
 		}, logger)
 		if err != nil {
 			return nil, err
@@ -195,6 +196,17 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 	in.closers = append(in.closers, in.log.Close)
 	return in, nil
 }
+
+// devRedisNice is the child Redis's niceness in development mode. Redis runs
+// every command on one thread, which every projector and feed read waits on;
+// on one small machine shared with the service (two threads of Go at full
+// speed), Postgres and a load generator, the kernel's fair share gave that
+// thread less CPU than it needed, and the whole service queued behind it. At
+// the bench's 500 posts/s on two cores, Redis used 0.50-0.58 of a core at
+// niceness 0 while requests waited 23 ms on average for it (`redis-cli
+// --latency`) and the feeds projector fell behind; reniced it used 0.62 and
+// the projector kept up. A deployment gives Redis cores of its own instead.
+const devRedisNice = -5
 
 // projectorConns is the size of the read model projector's pool: one batch
 // at a time, and a connection spare. Were it to share the reads' pool, it

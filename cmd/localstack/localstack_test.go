@@ -187,6 +187,27 @@ func TestRedisPersistKeepsKeyAcrossRestart(t *testing.T) {
 	assert.Equal(t, "yes", got)
 }
 
+// TestRedisNiceness: the server's command thread runs at the niceness asked
+// for when the process may lower it, and at the default otherwise, started
+// all the same.
+func TestRedisNiceness(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := localstack.StartRedis(ctx, localstack.RedisConfig{Dir: t.TempDir(), Nice: -3}, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Stop() })
+	got, err := syscall.Getpriority(syscall.PRIO_PROCESS, r.PID())
+	require.NoError(t, err)
+	// The raw system call answers 20 - niceness.
+	want := -3
+	if os.Geteuid() != 0 {
+		want = 0
+	}
+	assert.Equal(t, want, 20-got)
+	require.NoError(t, newRedisClient(t, r.URL()).Ping(ctx).Err())
+}
+
 func TestRedisMissingBinaryExplainsInstall(t *testing.T) {
 	t.Parallel()
 	_, err := localstack.StartRedis(context.Background(), localstack.RedisConfig{

@@ -40,6 +40,11 @@ type RedisConfig struct {
 	// Binary is the redis-server executable; default "redis-server" from
 	// PATH, then /usr/bin/redis-server, /usr/local/bin/redis-server.
 	Binary string
+	// Nice, if not 0, is the niceness the server's command thread is given
+	// once started. Lowering it below 0 takes privilege (root or
+	// CAP_SYS_NICE); without it the server keeps the default, and says so in
+	// the log.
+	Nice int
 }
 
 // Redis is a running redis-server child process.
@@ -125,6 +130,15 @@ func startRedisOnce(ctx context.Context, bin string, cfg RedisConfig, log *slog.
 	if err := proc.waitReady(ctx, redisReadyTimeout, r.ping); err != nil {
 		_ = proc.stop(syscall.SIGKILL, time.Second)
 		return nil, err
+	}
+	if cfg.Nice != 0 {
+		// On Linux a niceness is a thread's: this is the main thread's, the
+		// one that runs every command.
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, r.PID(), cfg.Nice); err != nil {
+			log.Info("redis keeps the default niceness", "component", "redis", "nice", cfg.Nice, "err", err)
+		} else {
+			log.Info("redis niceness set", "component", "redis", "nice", cfg.Nice)
+		}
 	}
 	return r, nil
 }

@@ -315,7 +315,7 @@ func TestPlannerBatchesPlanAsEventByEvent(t *testing.T) {
 		assert.Positive(t, crossed[false], "seed %d: no account stopped being big", seed)
 		for i, n := range trips {
 			if !flushed[i] {
-				assert.LessOrEqual(t, n, int64(5), "seed %d: round trips of batch %d (%d events)", seed, i, len(batches[i]))
+				assert.LessOrEqual(t, n, int64(4), "seed %d: round trips of batch %d (%d events)", seed, i, len(batches[i]))
 			}
 		}
 	}
@@ -362,7 +362,7 @@ func TestPlannerPlansAgainABatchThatFailedMidway(t *testing.T) {
 // the work of a partition in one message, but items differ in size (a follow
 // carries up to the outbox cap of posts), and a message over the server's
 // largest payload is refused: the planner would then fail the same batch for
-// ever. Here the server takes 16 KiB and a batch's work is several times that
+// ever. Here the server takes 4 KiB and a batch's work is several times that
 // in each partition; it is published whole, as the same events publish in
 // messages of five items.
 func TestPlannerKeepsMessagesUnderTheServersLimit(t *testing.T) {
@@ -378,7 +378,7 @@ func TestPlannerKeepsMessagesUnderTheServersLimit(t *testing.T) {
 		}
 	}
 	graph := len(log)
-	for i := range 40 {
+	for i := range 240 {
 		add(events.PostCreated{PostID: domain.PostID(1_000_000 + i), UserID: domain.UserID(i%authors + 1)})
 	}
 	for f := range domain.UserID(followers) { // each merges posts of author 1
@@ -389,7 +389,7 @@ func TestPlannerKeepsMessagesUnderTheServersLimit(t *testing.T) {
 
 	small := newPlannerRig(t, feeds.Config{BigThreshold: 1000})
 	want, _ := small.run(t, batches, nil)
-	const limit = 16 << 10
+	const limit = 4 << 10
 	rig := newPlannerRigOn(t, feeds.Config{BigThreshold: 1000}, localstack.NATSConfig{MaxPayload: limit},
 		feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 100_000})
 	got, _ := rig.run(t, batches, nil)

@@ -50,24 +50,40 @@ local function num(x)
   return format('%d', x)
 end
 
--- score is the score of post p (a number): newest first.
+-- score is the score of post p (a number): newest first; member is its
+-- member. Both are kept for the call: a fan-out puts the same posts into
+-- many inboxes, and a lookup is cheaper than formatting them again.
 local M = 9007199254740992 -- 2^53; every post id is below it
+local scores, members = {}, {}
 local function score(p)
-  return num(M - p)
+  local s = scores[p]
+  if not s then
+    s = num(M - p)
+    scores[p] = s
+  end
+  return s
+end
+local function member(p)
+  local s = members[p]
+  if not s then
+    s = num(p)
+    members[p] = s
+  end
+  return s
 end
 
 -- The item lists, read once: each item is {op, seq, floor, first, last,
--- afirst, alast, p, s}, where first .. last and afirst .. alast are the ARGV
--- indices of its posts and allowed posts, p is its only post as a number
--- (if it has one) and s is "s"'s score after it. A list that is a lone push
--- has it as its field push, with its post as a string in post.
+-- afirst, alast, p}, where first .. last and afirst .. alast are the ARGV
+-- indices of its posts and allowed posts and p is its only post as a number
+-- (if it has one). A list that is a lone push has it as its field push, with
+-- its post as a string in post, its score and "s"'s score after it.
 local lists = {}
 local i = 4
 for l = 1, tonumber(ARGV[3]) do
   local list = {}
   for k = 1, tonumber(ARGV[i]) do
     local op, seq = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-    local it = {op = op, seq = seq, floor = tonumber(ARGV[i + 3]), s = num(-(seq + 1))}
+    local it = {op = op, seq = seq, floor = tonumber(ARGV[i + 3])}
     it.first, it.last = i + 5, i + 4 + tonumber(ARGV[i + 4])
     i = it.last
     it.afirst, it.alast = 0, -1
@@ -81,7 +97,7 @@ for l = 1, tonumber(ARGV[3]) do
   -- A lone push: what a post's fan-out gives each follower.
   if #list == 1 and list[1].op == 1 and list[1].p then
     list.push = list[1]
-    list[1].post, list[1].score = ARGV[list[1].first], score(list[1].p)
+    list[1].post, list[1].score, list[1].s = ARGV[list[1].first], score(list[1].p), num(-(list[1].seq + 1))
   end
   lists[l] = list
   i = i + 1
@@ -93,7 +109,7 @@ local shared = #lists == 1 and lists[1]
 local key            -- KEYS[r]
 local exists         -- whether it is materialised
 local floor, seq     -- its specials, as they will be saved
-local sscore         -- "s"'s score for seq, or nil if seq did not change
+local moved          -- whether seq changed since "s" was saved
 local saved          -- the floor as stored (nil: none stored yet)
 local count          -- its posts, or nil when not known
 local dirty          -- whether an item was applied since the last save
@@ -157,20 +173,22 @@ local function putOne(p, pn, min)
   return true
 end
 
--- put adds the item's posts (it.posts if it has them, else its arguments)
--- that are >= min, keeping the cap newest posts; if any had to go, the floor
--- becomes the oldest kept. It makes room before it adds, so the zset never
--- holds more than the cap and the two specials: one that outgrew
+-- put adds the item's posts (it.posts, as numbers, if it has them, else its
+-- arguments) that are >= min, keeping the cap newest posts; if any had to go,
+-- the floor becomes the oldest kept. It makes room before it adds, so the zset
+-- never holds more than the cap and the two specials: one that outgrew
 -- zset-max-listpack-entries even for a moment would keep the large encoding for
--- good.
+-- good. It works on numbers, converted once: Lua sorts and compares them
+-- natively, where strings each took a conversion per comparison.
 local function put(it, min)
   if it.p and putOne(ARGV[it.first], it.p, min) then return end
   local cand, seen = {}, {}
-  local src, lo, hi = ARGV, it.first, it.last
-  if it.posts then src, lo, hi = it.posts, 1, #it.posts end
+  local src, lo, hi = it.posts, 1, 0
+  if src then hi = #src else lo, hi = it.first, it.last end
   for j = lo, hi do
-    local p = src[j]
-    if not seen[p] and tonumber(p) >= min then
+    local p
+    if src then p = src[j] else p = tonumber(ARGV[j]) end
+    if p >= min and not seen[p] then
       seen[p] = true
       cand[#cand + 1] = p
     end
@@ -179,7 +197,7 @@ local function put(it, min)
   local n = posts()
   if n + #cand <= cap then
     -- Room for all of them (see putOne).
-    for j = 1, #cand do queue(score(tonumber(cand[j])), cand[j]) end
+    for j = 1, #cand do queue(score(cand[j]), member(cand[j])) end
     count = nil
     return
   end
@@ -190,17 +208,17 @@ local function put(it, min)
   local newest = 0
   if n > 0 then newest = tonumber(call('ZRANGE', 2, 2)[1]) end
   for j = 1, #cand do
-    if tonumber(cand[j]) > newest then new[#new + 1] = cand[j] else ask[#ask + 1] = cand[j] end
+    if cand[j] > newest then new[#new + 1] = cand[j] else ask[#ask + 1] = cand[j] end
   end
   for c = 1, #ask, 500 do
     local chunk = {}
-    for j = c, math.min(c + 499, #ask) do chunk[#chunk + 1] = ask[j] end
+    for j = c, math.min(c + 499, #ask) do chunk[#chunk + 1] = member(ask[j]) end
     local sc = call('ZMSCORE', unpack(chunk))
     for j = 1, #chunk do
-      if not sc[j] then new[#new + 1] = chunk[j] end
+      if not sc[j] then new[#new + 1] = ask[c + j - 1] end
     end
   end
-  table.sort(new, function(a, b) return tonumber(a) < tonumber(b) end)
+  table.sort(new)
 
   local drop = n + #new - cap
   local skip = 0 -- the oldest new posts, which are not added
@@ -211,10 +229,10 @@ local function put(it, min)
     local k, tail = math.min(drop + 1, n), {}
     if k > 0 then tail = call('ZRANGE', -k, -1) end
     local old = {}
-    for j = #tail, 1, -1 do old[#old + 1] = tail[j] end
+    for j = #tail, 1, -1 do old[#old + 1] = tonumber(tail[j]) end
     local cut = 0
     for _ = 1, drop do
-      if cut < #old and (skip >= #new or tonumber(old[cut + 1]) < tonumber(new[skip + 1])) then
+      if cut < #old and (skip >= #new or old[cut + 1] < new[skip + 1]) then
         cut = cut + 1
       else
         skip = skip + 1
@@ -222,13 +240,13 @@ local function put(it, min)
     end
     if cut > 0 then call('ZREMRANGEBYRANK', -cut, -1) end
     -- The floor becomes the oldest kept, the inbox's or a new one.
-    local a, b = tonumber(old[cut + 1]), tonumber(new[skip + 1])
+    local a, b = old[cut + 1], new[skip + 1]
     if a and (not b or a < b) then floor = a else floor = b end
     count = cap
   else
     count = n + #new
   end
-  for j = skip + 1, #new do queue(score(tonumber(new[j])), new[j]) end
+  for j = skip + 1, #new do queue(score(new[j]), member(new[j])) end
 end
 
 -- remove takes the item's posts out of the inbox.
@@ -259,9 +277,9 @@ local function save()
     queue(num(-(floor + 1)), 'f')
     saved = floor
   end
-  if sscore then
-    queue(sscore, 's')
-    sscore = nil
+  if moved then
+    queue(num(-(seq + 1)), 's')
+    moved = false
   end
   flush()
   dirty = false
@@ -304,7 +322,7 @@ end
 
 -- load reads the specials of the inbox.
 local function load()
-  exists, floor, seq, sscore, saved, count, dirty = false, 0, 0, nil, nil, nil, false
+  exists, floor, seq, moved, saved, count, dirty = false, 0, 0, false, nil, nil, false
   local sc = rcall('ZMSCORE', key, 'f', 's')
   if sc[1] then
     exists = true
@@ -338,12 +356,12 @@ for r = 1, #KEYS do
         -- At the planner's position, which the inbox may already have reached.
         if exists and it.seq >= seq then
           repaired = repaired + reconcile(it)
-          seq, sscore = it.seq, it.s
+          seq, moved = it.seq, true
           applied, dirty = applied + 1, true
         end
       elseif op == 5 then
         if not exists then
-          exists, floor, seq, sscore, count = true, it.floor, it.seq, it.s, 0
+          exists, floor, seq, moved, count = true, it.floor, it.seq, true, 0
           put(it, floor)
           save()
           call('PEXPIRE', ttl)
@@ -364,8 +382,8 @@ for r = 1, #KEYS do
         while list[k] and list[k].op == 1 do
           local p = list[k]
           if p.seq > seq then
-            for j = p.first, p.last do run.posts[#run.posts + 1] = ARGV[j] end
-            seq, sscore = p.seq, p.s
+            for j = p.first, p.last do run.posts[#run.posts + 1] = tonumber(ARGV[j]) end
+            seq, moved = p.seq, true
             applied, dirty = applied + 1, true
           end
           k = k + 1
@@ -384,7 +402,7 @@ for r = 1, #KEYS do
           remove(it)
           raise(math.max(floor, it.floor))
         end
-        seq, sscore = it.seq, it.s
+        seq, moved = it.seq, true
         applied, dirty = applied + 1, true
       end
       k = k + 1
