@@ -181,11 +181,13 @@ func (r *Runner) consume(ctx context.Context) error {
 	}
 	r.running.Store(true)
 
-	// The next batch is fetched and decoded while this one is applied.
+	// The next batch is fetched and decoded while this one is applied, and
+	// topped up with what arrived meanwhile when it is wanted.
 	fetchCtx, stopFetching := context.WithCancel(ctx)
-	batches := make(chan fetched, 1)
+	batches := make(chan fetched)
+	want := make(chan struct{})
 	var fetching sync.WaitGroup
-	fetching.Go(func() { r.fetch(fetchCtx, cons, batches) })
+	fetching.Go(func() { r.fetch(fetchCtx, cons, want, batches) })
 	// The fetcher stops at its next step (a fetch waits at most FetchWait) and
 	// is waited for, so no read of the log outlives this call.
 	defer fetching.Wait()
@@ -193,6 +195,11 @@ func (r *Runner) consume(ctx context.Context) error {
 
 	for ctx.Err() == nil {
 		var f fetched
+		select {
+		case want <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
 		select {
 		case f = <-batches:
 		case <-ctx.Done():
@@ -305,7 +312,7 @@ type undecodable struct {
 
 // fetch reads batches in order and hands them over until ctx ends or a fetch
 // fails (the failure is handed over too, and ends the loop).
-func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- fetched) {
+func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, want <-chan struct{}, out chan<- fetched) {
 	send := func(f fetched) bool {
 		select {
 		case out <- f:
@@ -325,6 +332,18 @@ func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- 
 			if err == nil && len(f.records) > 0 && r.cfg.BatchSize > 1 {
 				err = r.pull(cons, r.cfg.BatchSize-1, 0, &f)
 			}
+		}
+		// A batch fetched ahead is handed over when wanted (and so is a
+		// failure), with what arrived while the batch before it was applied:
+		// handed over as fetched, those live events would wait for the batch
+		// after, a whole apply longer. A replay's batches are full already.
+		select {
+		case <-want:
+		case <-ctx.Done():
+			return
+		}
+		if n := len(f.records); err == nil && n > 0 && n < r.cfg.BatchSize {
+			err = r.pull(cons, r.cfg.BatchSize-n, 0, &f)
 		}
 		if err != nil {
 			send(fetched{err: err})

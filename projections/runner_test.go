@@ -89,3 +89,80 @@ func TestRunnerTakesTheProjectorsBatchSize(t *testing.T) {
 		})
 	}
 }
+
+// held is a projector whose first batch waits until released, and which
+// records the batches it is given.
+type held struct {
+	started, release chan struct{}
+	once             sync.Once
+
+	mu      sync.Mutex
+	applied uint64
+	batches [][]uint64
+}
+
+func (h *held) Name() string { return "held" }
+
+func (h *held) Checkpoint(context.Context) (uint64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.applied, nil
+}
+
+func (h *held) Apply(_ context.Context, batch []events.Record) error {
+	h.once.Do(func() {
+		close(h.started)
+		<-h.release
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var seqs []uint64
+	for _, rec := range batch {
+		seqs = append(seqs, rec.Seq)
+	}
+	h.batches = append(h.batches, seqs)
+	h.applied = batch[len(batch)-1].Seq
+	return nil
+}
+
+// TestRunnerHandsOverWhatArrivedDuringTheApply: the batch fetched ahead while
+// one is applied takes, when handed over, the events that arrived since, so
+// that live events wait for one apply, not two.
+func TestRunnerHandsOverWhatArrivedDuringTheApply(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nc, err := nats.Connect(localstack.NATSForTest(t).ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	log, err := events.OpenLog(ctx, js, events.Config{}, nil)
+	require.NoError(t, err)
+	t.Cleanup(log.Close)
+	appendN := func(from, to int) {
+		for i := from; i <= to; i++ {
+			_, err := log.AppendEvent(ctx, fmt.Sprint(i), time.Now(), events.UserFollowed{FollowerID: domain.UserID(i), FolloweeID: 99})
+			require.NoError(t, err)
+		}
+	}
+
+	p := &held{started: make(chan struct{}), release: make(chan struct{})}
+	r := projections.NewRunner(log, p, projections.RunnerConfig{BatchSize: 100, FetchWait: 100 * time.Millisecond},
+		nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	appendN(1, 1)
+	<-p.started
+	// Event 2 is fetched ahead while event 1 is applied; 3 to 10 come later,
+	// still during that apply.
+	appendN(2, 2)
+	time.Sleep(300 * time.Millisecond)
+	appendN(3, 10)
+	close(p.release)
+	require.Eventually(t, func() bool { return r.Position() == 10 }, 10*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	assert.Equal(t, [][]uint64{{1}, {2, 3, 4, 5, 6, 7, 8, 9, 10}}, p.batches)
+}
