@@ -20,6 +20,20 @@ import (
 	"github.com/feedproject/feed/projections"
 )
 
+// testLog is an event log on an embedded server of the test's own.
+func testLog(t *testing.T) *events.Log {
+	t.Helper()
+	nc, err := nats.Connect(localstack.NATSForTest(t).ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	log, err := events.OpenLog(context.Background(), js, events.Config{}, nil)
+	require.NoError(t, err)
+	t.Cleanup(log.Close)
+	return log
+}
+
 // sized is a projector that names its batch size and records the sizes of
 // the batches it is given.
 type sized struct {
@@ -60,14 +74,7 @@ func TestRunnerTakesTheProjectorsBatchSize(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			nc, err := nats.Connect(localstack.NATSForTest(t).ClientURL())
-			require.NoError(t, err)
-			t.Cleanup(nc.Close)
-			js, err := jetstream.New(nc)
-			require.NoError(t, err)
-			log, err := events.OpenLog(ctx, js, events.Config{}, nil)
-			require.NoError(t, err)
-			t.Cleanup(log.Close)
+			log := testLog(t)
 			const n = 12
 			for i := range n {
 				_, err := log.AppendEvent(ctx, fmt.Sprint(i), time.Now(), events.UserFollowed{FollowerID: domain.UserID(i + 1), FolloweeID: 99})
@@ -131,14 +138,7 @@ func (h *held) Apply(_ context.Context, batch []events.Record) error {
 func TestRunnerHandsOverWhatArrivedDuringTheApply(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	nc, err := nats.Connect(localstack.NATSForTest(t).ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	log, err := events.OpenLog(ctx, js, events.Config{}, nil)
-	require.NoError(t, err)
-	t.Cleanup(log.Close)
+	log := testLog(t)
 	appendN := func(from, to int) {
 		for i := from; i <= to; i++ {
 			_, err := log.AppendEvent(ctx, fmt.Sprint(i), time.Now(), events.UserFollowed{FollowerID: domain.UserID(i), FolloweeID: 99})
