@@ -173,7 +173,14 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 				return fmt.Errorf("apply work: %w", err)
 			}
 			a.applied.Add(int64(n))
-			if err := msg.DoubleAck(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			// Acknowledged without waiting for the server's answer: with one
+			// message pending at a time the next one is not delivered before
+			// the server has taken this acknowledgement, so the order holds,
+			// and an acknowledgement lost on the way brings the message again,
+			// which the inboxes' sequences make a no-op. Waiting for the
+			// answer (a synced removal under sync always) took 14–32 ms of
+			// every message in a partition's serial loop at the bench's rates.
+			if err := msg.Ack(); err != nil {
 				return fmt.Errorf("ack work: %w", err)
 			}
 		}
