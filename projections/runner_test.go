@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -23,12 +21,7 @@ import (
 // testLog is an event log on an embedded server of the test's own.
 func testLog(t *testing.T) *events.Log {
 	t.Helper()
-	nc, err := nats.Connect(localstack.NATSForTest(t).ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	log, err := events.OpenLog(context.Background(), js, events.Config{}, nil)
+	log, err := events.OpenLog(context.Background(), localstack.JetStreamForTest(t), events.Config{}, nil)
 	require.NoError(t, err)
 	t.Cleanup(log.Close)
 	return log

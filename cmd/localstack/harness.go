@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/feedproject/feed/migrations"
 )
 
@@ -75,6 +78,23 @@ func NATSForTest(tb testing.TB) *NATS {
 	}
 	tb.Cleanup(n.Shutdown)
 	return n
+}
+
+// JetStreamForTest starts an embedded JetStream server as NATSForTest does
+// and returns a client of it, connected as the service connects (reconnecting
+// for ever, nothing buffered while disconnected); Cleanup closes it.
+func JetStreamForTest(tb testing.TB) jetstream.JetStream {
+	tb.Helper()
+	nc, err := nats.Connect(NATSForTest(tb).ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
+	if err != nil {
+		tb.Fatalf("localstack: connect to nats: %v", err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatalf("localstack: jetstream: %v", err)
+	}
+	return js
 }
 
 // RedisForTest starts a non-persistent redis-server on a random loopback

@@ -323,13 +323,7 @@ func pjCounter(reg *prometheus.Registry, how string) prometheus.Collector {
 // pjLog is a real log on an embedded JetStream.
 func pjLog(t *testing.T) *events.Log {
 	t.Helper()
-	ns := localstack.NATSForTest(t)
-	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	log, err := events.OpenLog(context.Background(), js, events.Config{}, nil)
+	log, err := events.OpenLog(context.Background(), localstack.JetStreamForTest(t), events.Config{}, nil)
 	require.NoError(t, err)
 	t.Cleanup(log.Close)
 	return log
