@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -51,7 +52,7 @@ func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions
 	fs.StringVar(&opts.url, "url", "", "benchmark the service running at this loopback URL instead of starting one")
 	fs.StringVar(&opts.out, "out", "bench-out", "directory for report.md, chart.png and summary.json")
 	fs.BoolVar(&opts.inProcess, "in-process", false, "start the service in the bench's own process rather than as a process of its own (needed by --cpuprofile)")
-	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write a CPU profile of each measured phase to the output directory (with --in-process)")
+	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write a CPU profile of each measured phase, and a heap profile at its end, to the output directory (with --in-process)")
 	fs.BoolVar(&opts.keep, "keep", false, "keep the started stack's data directory")
 	fs.IntVar(&cfg.Users, "users", cfg.Users, "users in the synthetic graph")
 	fs.IntVar(&cfg.AvgFollowers, "followers", cfg.AvgFollowers, "followers per account on average")
@@ -627,8 +628,9 @@ func (o *observers) readPostgresSize(ctx context.Context) (int64, error) {
 }
 
 // phaseProfiler writes a CPU profile of each measured phase of a started
-// stack: the service and the load generator share the process, and the
-// generator's goroutines carry the label bench=loadgen (leave them out with
+// stack, and a heap profile at its end: the service and the load generator
+// share the process, and the generator's goroutines carry the label
+// bench=loadgen (leave them out of the CPU profile with
 // `go tool pprof -tagignore bench=loadgen`).
 type phaseProfiler struct {
 	dir    string
@@ -642,6 +644,7 @@ func (p *phaseProfiler) onPhase(phase string, start bool) {
 	defer p.mu.Unlock()
 	if !start {
 		p.stopLocked()
+		p.writeHeap(phase)
 		return
 	}
 	path := filepath.Join(p.dir, "cpu-"+phase+".pprof")
@@ -657,6 +660,22 @@ func (p *phaseProfiler) onPhase(phase string, start bool) {
 	}
 	p.file = f
 	fmt.Fprintf(p.stderr, "bench: profiling the %s phase into %s\n", phase, path)
+}
+
+// writeHeap writes what is live at the end of phase, after a collection.
+func (p *phaseProfiler) writeHeap(phase string) {
+	path := filepath.Join(p.dir, "heap-"+phase+".pprof")
+	f, err := os.Create(path)
+	if err == nil {
+		runtime.GC()
+		err = pprof.Lookup("heap").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(p.stderr, "bench: heap profile: %v\n", err)
+	}
 }
 
 func (p *phaseProfiler) stop() {
