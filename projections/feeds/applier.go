@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
@@ -143,75 +144,51 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 	}
 	a.running.Add(1)
 	defer a.running.Add(-1)
-	// A pull request stays open ahead of the messages, so the next one comes
-	// as soon as the server has taken this one's acknowledgement: a fetch per
-	// message cost a request's round trip after every acknowledgement, in
-	// each partition's serial loop.
-	msgs, err := cons.Messages(jetstream.PullMaxMessages(applierPrefetch))
-	if err != nil {
-		return fmt.Errorf("applier consumer %d: %w", part, err)
-	}
-	defer giveBack(msgs)
-	for {
-		msg, err := msgs.Next(jetstream.NextContext(ctx))
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil // stopping: the error is the shutdown's own
+			return fmt.Errorf("fetch work: %w", err)
+		}
+		for msg := range batch.Messages() {
+			var items []Item
+			v, err := workVersion(msg)
+			if err == nil {
+				items, err = decodeWork(msg.Data())
 			}
-			return fmt.Errorf("next work: %w", err)
+			if err != nil {
+				// Work is written by the planner of this build; a body that does
+				// not decode can never be applied, so it is logged and dropped.
+				a.logger.Error("undecodable work dropped", "partition", part, "err", err)
+				_ = msg.Term()
+				continue
+			}
+			store, ok := a.storeFor(ctx, v)
+			if !ok {
+				_ = msg.Ack() // for a keyspace version a rebuild replaced
+				continue
+			}
+			n, err := store.ApplyItems(context.WithoutCancel(ctx), items)
+			if err != nil {
+				_ = msg.NakWithDelay(100 * time.Millisecond)
+				return fmt.Errorf("apply work: %w", err)
+			}
+			a.applied.Add(int64(n))
+			// Acknowledged without waiting for the server's answer: with one
+			// message pending at a time the next one is not delivered before
+			// the server has taken this acknowledgement, so the order holds,
+			// and an acknowledgement lost on the way brings the message again,
+			// which the inboxes' sequences make a no-op. Waiting for the
+			// answer (a synced removal under sync always) took 14–32 ms of
+			// every message in a partition's serial loop at the bench's rates.
+			if err := msg.Ack(); err != nil {
+				return fmt.Errorf("ack work: %w", err)
+			}
 		}
-		var items []Item
-		v, err := workVersion(msg)
-		if err == nil {
-			items, err = decodeWork(msg.Data())
-		}
-		if err != nil {
-			// Work is written by the planner of this build; a body that does
-			// not decode can never be applied, so it is logged and dropped.
-			a.logger.Error("undecodable work dropped", "partition", part, "err", err)
-			_ = msg.Term()
-			continue
-		}
-		store, ok := a.storeFor(ctx, v)
-		if !ok {
-			_ = msg.Ack() // for a keyspace version a rebuild replaced
-			continue
-		}
-		n, err := store.ApplyItems(context.WithoutCancel(ctx), items)
-		if err != nil {
-			_ = msg.NakWithDelay(100 * time.Millisecond)
-			return fmt.Errorf("apply work: %w", err)
-		}
-		a.applied.Add(int64(n))
-		// Acknowledged without waiting for the server's answer: with one
-		// message pending at a time the next one is not delivered before the
-		// server has taken this acknowledgement, so the order holds, and an
-		// acknowledgement lost on the way brings the message again, which the
-		// inboxes' sequences make a no-op. Waiting for the answer (a synced
-		// removal under sync always) took 14–32 ms of every message in a
-		// partition's serial loop at the bench's rates.
-		if err := msg.Ack(); err != nil {
-			return fmt.Errorf("ack work: %w", err)
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("fetch work: %w", err)
 		}
 	}
-}
-
-// applierPrefetch is how many messages an applier's pull request asks for.
-// The consumer delivers one at a time (MaxAckPending 1) whatever it asks.
-const applierPrefetch = 2
-
-// giveBack stops msgs and hands back at once what was delivered and not
-// applied: left pending, a message would hold its partition until its
-// acknowledgement wait ran out.
-func giveBack(msgs jetstream.MessagesContext) {
-	msgs.Drain()
-	for {
-		msg, err := msgs.Next(jetstream.NextMaxWait(time.Second))
-		if err != nil {
-			return
-		}
-		_ = msg.Nak()
-	}
+	return nil
 }
 
 // Position is how far the home feeds reflect the log: every event at or below
