@@ -24,3 +24,10 @@ func (c *PageCache) Lookups(result string) int {
 
 // DecodeWork decodes a fan-out message's work items.
 func DecodeWork(data []byte) ([]Item, error) { return decodeWork(data) }
+
+// SetBeforePlan makes fn run between a batch's first round trip to Redis and
+// its plan's.
+func (p *Planner) SetBeforePlan(fn func()) { p.beforePlan = fn }
+
+// ErrStateLost is the planner's error for a Redis that lost its state.
+var ErrStateLost = errStateLost

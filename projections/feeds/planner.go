@@ -99,6 +99,9 @@ type Planner struct {
 	applied uint64
 	// enrolled, if set, hears of every inbox materialised (for maintenance).
 	enrolled func(context.Context, []domain.UserID) error
+	// beforePlan, when set (by tests), runs between a batch's first round
+	// trip and its plan's.
+	beforePlan func()
 }
 
 // OnMaterialise makes the planner tell f of the users whose inboxes it
@@ -291,6 +294,9 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 		return err
 	}
 	p.metrics.CountMerged(PlannerName, merged.Collapsed, 0)
+	if p.beforePlan != nil {
+		p.beforePlan()
+	}
 	w, err := p.planBatch(ctx, merged.Records, f)
 	if err != nil {
 		return err

@@ -429,3 +429,37 @@ func TestPlannerSkipsWhatItAppliedAlready(t *testing.T) {
 		require.Equal(t, want.work, got.work, "seed %d", seed)
 	}
 }
+
+// TestPlannerNoticesAFlushBetweenItsRoundTrips: Redis loses everything after a
+// batch's first round trip (the planner's state and the graph facts) and
+// before its plan's reads. The plan's round trip reads the state again after
+// those reads, so the batch fails as state lost before it publishes any work:
+// the new follower's merge, planned from the emptied outbox, would say the
+// inbox holds none of the author's posts. (Without that read, the follower
+// count's own check stops this batch too, as a changed graph; a batch of
+// posts alone has no such check.)
+func TestPlannerNoticesAFlushBetweenItsRoundTrips(t *testing.T) {
+	t.Parallel()
+	rig := newPlannerRig(t, feeds.Config{})
+	ctx := t.Context()
+	p := feeds.NewPlanner(rig.store, rig.js, rig.pcfg, nil)
+	require.NoError(t, p.EnsureStream(ctx))
+	_, err := p.Checkpoint(ctx)
+	require.NoError(t, err)
+	const x domain.UserID = 100
+	require.NoError(t, p.Apply(ctx, []events.Record{
+		{Seq: 1, Event: events.UserFollowed{FollowerID: 1, FolloweeID: x}},
+		{Seq: 2, Event: events.PostCreated{PostID: 500, UserID: x}},
+	}))
+	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	require.NoError(t, err)
+	before, err := stream.Info(ctx)
+	require.NoError(t, err)
+
+	p.SetBeforePlan(func() { require.NoError(t, rig.raw.FlushAll(ctx).Err()) })
+	err = p.Apply(ctx, []events.Record{{Seq: 3, Event: events.UserFollowed{FollowerID: 2, FolloweeID: x}}})
+	require.ErrorIs(t, err, feeds.ErrStateLost)
+	after, err := stream.Info(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, before.State.LastSeq, after.State.LastSeq, "work published from a plan made after the flush")
+}
