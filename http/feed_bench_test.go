@@ -109,7 +109,7 @@ func newHomeBench(b *testing.B) *homeBench {
 	fast := projections.RunnerConfig{FetchWait: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
 	readRun := projections.NewRunner(log, readmodel.NewProjector(pool, nil), fast, nil, quiet)
 	planRun := projections.NewRunner(log, planner, fast, nil, quiet)
-	appliers := feeds.NewApplier(h.store, js, []int{0, 1, 2, 3}, quiet)
+	appliers := feeds.NewApplier(h.store, js, []int{0, 1, 2, 3}, nil, quiet)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = readRun.Run(ctx) })
 	wg.Go(func() { _ = planRun.Run(ctx) })

@@ -117,7 +117,7 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	fast := projections.RunnerConfig{FetchWait: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
 	w.readRun = projections.NewRunner(log, readmodel.NewProjector(pool, nil), fast, nil, quiet)
 	w.planRun = projections.NewRunner(log, planner, fast, nil, quiet)
-	appliers := feeds.NewApplier(w.store, js, []int{0, 1, 2}, quiet)
+	appliers := feeds.NewApplier(w.store, js, []int{0, 1, 2}, nil, quiet)
 	// Pages are hydrated through the post cache, as the service does.
 	w.posts = readmodel.NewCache(w.read, log, readmodel.CacheConfig{}, nil, quiet)
 	var wg sync.WaitGroup

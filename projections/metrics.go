@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/feedproject/feed/events"
 )
 
 // Metrics are the projectors' Prometheus metrics, labelled by projector. A nil
@@ -13,6 +15,7 @@ type Metrics struct {
 	lagG        *prometheus.GaugeVec
 	eventsC     *prometheus.CounterVec
 	batchTime   *prometheus.HistogramVec
+	delay       *prometheus.HistogramVec
 	failures    *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
 	merged      *prometheus.CounterVec
@@ -38,6 +41,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time to apply one batch, commit included.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}, []string{"projector"}),
+		delay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "feed_projector_delay_seconds",
+			Help: "Time from an event's occurred_at (its command accepted) to its effect being applied by a projector: for the feeds' appliers, per work message, from the oldest event it carries work of.",
+			// 1 ms to about 65 s.
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 17),
+		}, []string{"projector"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "feed_projector_failures_total",
 			Help: "Failed batches (each rewinds to the checkpoint), by cause: event or store.",
@@ -51,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Follow/unfollow events not applied: collapsed into a later event of the same pair in a batch, or dropped as no change.",
 		}, []string{"projector", "how"}),
 	}
-	reg.MustRegister(m.positionG, m.lagG, m.eventsC, m.batchTime, m.failures, m.deadLetters, m.merged)
+	reg.MustRegister(m.positionG, m.lagG, m.eventsC, m.batchTime, m.delay, m.failures, m.deadLetters, m.merged)
 	return m
 }
 
@@ -72,6 +81,29 @@ func (m *Metrics) applied(p string, n int, seq uint64, took time.Duration) {
 		m.eventsC.WithLabelValues(p).Add(float64(n))
 		m.positionG.WithLabelValues(p).Set(float64(seq))
 		m.batchTime.WithLabelValues(p).Observe(took.Seconds())
+	}
+}
+
+// delayed records how long after its occurrence each of recs was applied by
+// p, now.
+func (m *Metrics) delayed(p string, recs []events.Record) {
+	if m == nil {
+		return
+	}
+	o, now := m.delay.WithLabelValues(p), time.Now()
+	for _, rec := range recs {
+		if !rec.OccurredAt.IsZero() {
+			o.Observe(now.Sub(rec.OccurredAt).Seconds())
+		}
+	}
+}
+
+// Delayed records that p applied, now, the effect of an event that occurred
+// at: for a projector that applies its effects apart from the log's order of
+// batches (the feeds' appliers).
+func (m *Metrics) Delayed(p string, at time.Time) {
+	if m != nil && !at.IsZero() {
+		m.delay.WithLabelValues(p).Observe(time.Since(at).Seconds())
 	}
 }
 

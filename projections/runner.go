@@ -244,6 +244,7 @@ func (r *Runner) consume(ctx context.Context) error {
 		cp = records[len(records)-1].Seq
 		r.position.Store(cp)
 		r.metrics.applied(r.p.Name(), len(records), cp, time.Since(start))
+		r.metrics.delayed(r.p.Name(), records)
 	}
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -158,4 +160,52 @@ func TestRunnerHandsOverWhatArrivedDuringTheApply(t *testing.T) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	assert.Equal(t, [][]uint64{{1}, {2, 3, 4, 5, 6, 7, 8, 9, 10}}, p.batches)
+}
+
+// TestRunnerRecordsEachEventsDelay: every event applied is observed in the
+// delay histogram, as the time since it occurred.
+func TestRunnerRecordsEachEventsDelay(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := testLog(t)
+	const n = 5
+	at := time.Now().Add(-2 * time.Second)
+	for i := range n {
+		_, err := log.AppendEvent(ctx, fmt.Sprint(i), at, events.UserFollowed{FollowerID: domain.UserID(i + 1), FolloweeID: 99})
+		require.NoError(t, err)
+	}
+	reg := prometheus.NewRegistry()
+	r := projections.NewRunner(log, &sized{size: 2}, projections.RunnerConfig{FetchWait: 100 * time.Millisecond},
+		projections.NewMetrics(reg), slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	require.Eventually(t, func() bool { return r.Position() == n }, 10*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+
+	h := delayHistogram(t, reg, "sized")
+	assert.Equal(t, uint64(n), h.GetSampleCount())
+	assert.GreaterOrEqual(t, h.GetSampleSum(), 2.0*n)
+	assert.Less(t, h.GetSampleSum(), 12.0*n)
+}
+
+// delayHistogram is projector's feed_projector_delay_seconds in reg.
+func delayHistogram(t *testing.T, reg *prometheus.Registry, projector string) *dto.Histogram {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "feed_projector_delay_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "projector" && l.GetValue() == projector {
+					return m.GetHistogram()
+				}
+			}
+		}
+	}
+	require.Failf(t, "no delay histogram", "projector %s", projector)
+	return nil
 }

@@ -331,8 +331,8 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		for i := range all {
 			all[i] = i
 		}
-		appliers = feeds.NewApplier(feedStore, in.js, all, logger)
-		checks = append(checks, feedhttp.Check{Name: "projector:feeds-appliers", Probe: func(context.Context) error {
+		appliers = feeds.NewApplier(feedStore, in.js, all, projMetrics, logger)
+		checks = append(checks, feedhttp.Check{Name: "projector:" + feeds.AppliersName, Probe: func(context.Context) error {
 			if !appliers.Running() {
 				return fmt.Errorf("feed appliers not consuming: %w", domain.ErrUnavailable)
 			}

@@ -14,11 +14,19 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections"
 )
 
 // fromHeader carries, on each fan-out message, the first log sequence its work
 // comes from.
 const fromHeader = "Feed-From-Seq"
+
+// occurredHeader carries, on each fan-out message, when the oldest event whose
+// work it carries occurred (Unix milliseconds), for the delay metric.
+const occurredHeader = "Feed-Occurred"
+
+// AppliersName names the appliers in metrics and checks.
+const AppliersName = "feeds-appliers"
 
 // Applier is the second stage of the feed projector (seed 000's "update the
 // feeds"): it applies the planner's work to the inboxes of some partitions. One
@@ -30,6 +38,7 @@ type Applier struct {
 	js         jetstream.JetStream
 	partitions []int
 	logger     *slog.Logger
+	metrics    *projections.Metrics
 	running    atomic.Int32
 	applied    atomic.Int64
 
@@ -45,8 +54,9 @@ type Applier struct {
 
 // NewApplier returns an applier of the given partitions. It applies work to
 // the keyspace version the work was planned for, unless a newer one is in use.
-func NewApplier(store *Store, js jetstream.JetStream, partitions []int, logger *slog.Logger) *Applier {
-	return &Applier{store: store, js: js, partitions: partitions, fanout: liveFanout, logger: logger.With("projector", "feeds-applier")}
+// Its delays go to metrics (which may be nil).
+func NewApplier(store *Store, js jetstream.JetStream, partitions []int, metrics *projections.Metrics, logger *slog.Logger) *Applier {
+	return &Applier{store: store, js: js, partitions: partitions, metrics: metrics, fanout: liveFanout, logger: logger.With("projector", "feeds-applier")}
 }
 
 // storeFor returns the store to apply work for keyspace version v, or false if
@@ -173,6 +183,9 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 				return fmt.Errorf("apply work: %w", err)
 			}
 			a.applied.Add(int64(n))
+			if ms, err := strconv.ParseInt(msg.Headers().Get(occurredHeader), 10, 64); err == nil {
+				a.metrics.Delayed(AppliersName, time.UnixMilli(ms))
+			}
 			// Acknowledged without waiting for the server's answer: with one
 			// message pending at a time the next one is not delivered before
 			// the server has taken this acknowledgement, so the order holds,

@@ -236,6 +236,9 @@ type work struct {
 	// change (and the merges an account that stops being big owes its
 	// followers).
 	bigChanges map[domain.UserID]bool
+	// occurred is when the oldest event the work comes from occurred (zero:
+	// not known), for the appliers' delay metric.
+	occurred time.Time
 }
 
 func (p *Planner) newWork() *work { return &work{parts: make([][]Item, p.cfg.Partitions)} }
@@ -301,6 +304,7 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	if err != nil {
 		return err
 	}
+	w.occurred = oldestOccurrence(fresh)
 	if err := p.publish(ctx, w, fresh[0].Seq, fresh[len(fresh)-1].Seq); err != nil {
 		return err
 	}
@@ -714,6 +718,9 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 			// The first log sequence the work comes from: the feeds' position is
 			// just below the oldest work not yet applied.
 			msg.Header.Set(fromHeader, strconv.FormatUint(first, 10))
+			if !w.occurred.IsZero() {
+				msg.Header.Set(occurredHeader, strconv.FormatInt(w.occurred.UnixMilli(), 10))
+			}
 			ack, err := p.js.PublishMsgAsync(msg)
 			if err != nil {
 				return fmt.Errorf("publish work: %w", err)
@@ -732,6 +739,17 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 		}
 	}
 	return nil
+}
+
+// oldestOccurrence is when the earliest of recs occurred (zero if none says).
+func oldestOccurrence(recs []events.Record) time.Time {
+	var t time.Time
+	for _, rec := range recs {
+		if !rec.OccurredAt.IsZero() && (t.IsZero() || rec.OccurredAt.Before(t)) {
+			t = rec.OccurredAt
+		}
+	}
+	return t
 }
 
 // recipientGroups puts each recipient's items together, in their order, the

@@ -8,9 +8,12 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -85,6 +88,16 @@ func newPlannerRigOn(t *testing.T, cfg feeds.Config, ncfg localstack.NATSConfig,
 	rig.rdb.AddHook(rig.trips)
 	rig.store = feeds.NewStore(rig.rdb, cfg)
 	return rig
+}
+
+// planner is a planner on the rig, its stream made and its position read.
+func (rig *plannerRig) planner(t *testing.T) *feeds.Planner {
+	t.Helper()
+	p := feeds.NewPlanner(rig.store, rig.js, rig.pcfg, nil)
+	require.NoError(t, p.EnsureStream(t.Context()))
+	_, err := p.Checkpoint(t.Context())
+	require.NoError(t, err)
+	return p
 }
 
 // plannerRun is what planning a log did: the work each recipient was sent,
@@ -442,10 +455,7 @@ func TestPlannerNoticesAFlushBetweenItsRoundTrips(t *testing.T) {
 	t.Parallel()
 	rig := newPlannerRig(t, feeds.Config{})
 	ctx := t.Context()
-	p := feeds.NewPlanner(rig.store, rig.js, rig.pcfg, nil)
-	require.NoError(t, p.EnsureStream(ctx))
-	_, err := p.Checkpoint(ctx)
-	require.NoError(t, err)
+	p := rig.planner(t)
 	const x domain.UserID = 100
 	require.NoError(t, p.Apply(ctx, []events.Record{
 		{Seq: 1, Event: events.UserFollowed{FollowerID: 1, FolloweeID: x}},
@@ -462,4 +472,58 @@ func TestPlannerNoticesAFlushBetweenItsRoundTrips(t *testing.T) {
 	after, err := stream.Info(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, before.State.LastSeq, after.State.LastSeq, "work published from a plan made after the flush")
+}
+
+// TestAppliersRecordTheDelayOfTheirWork: an applier observes, for each work
+// message it applies, the time since the oldest event the work comes from.
+func TestAppliersRecordTheDelayOfTheirWork(t *testing.T) {
+	t.Parallel()
+	rig := newPlannerRig(t, feeds.Config{})
+	ctx := t.Context()
+	p := rig.planner(t)
+	at := time.Now().Add(-3 * time.Second).Truncate(time.Millisecond)
+	require.NoError(t, p.Apply(ctx, []events.Record{
+		{Seq: 1, Envelope: events.Envelope{OccurredAt: at.Add(time.Second)}, Event: events.UserFollowed{FollowerID: 1, FolloweeID: 100}},
+		{Seq: 2, Envelope: events.Envelope{OccurredAt: at}, Event: events.UserFollowed{FollowerID: 2, FolloweeID: 100}},
+	}))
+	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	require.NoError(t, err)
+	info, err := stream.Info(ctx)
+	require.NoError(t, err)
+	published := info.State.Msgs
+	require.Positive(t, published)
+
+	reg := prometheus.NewRegistry()
+	a := feeds.NewApplier(rig.store, rig.js, []int{0, 1, 2}, projections.NewMetrics(reg), slog.New(slog.DiscardHandler))
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	require.Eventually(t, func() bool {
+		info, err := stream.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	}, 10*time.Second, 10*time.Millisecond)
+	stop()
+	require.NoError(t, <-done)
+
+	h := appliersDelay(t, reg)
+	assert.Equal(t, published, h.GetSampleCount())
+	// Each from the older follow: 3 s ago and some.
+	assert.GreaterOrEqual(t, h.GetSampleSum(), 3.0*float64(published))
+	assert.Less(t, h.GetSampleSum(), 13.0*float64(published))
+}
+
+// appliersDelay is the appliers' feed_projector_delay_seconds in reg.
+func appliersDelay(t *testing.T, reg *prometheus.Registry) *dto.Histogram {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if f.GetName() == "feed_projector_delay_seconds" && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == feeds.AppliersName {
+				return m.GetHistogram()
+			}
+		}
+	}
+	require.Fail(t, "no delay histogram for the appliers")
+	return nil
 }

@@ -105,7 +105,7 @@ func OpenRebuild(ctx context.Context, store *Store, js jetstream.JetStream, cfg 
 	for i := range parts {
 		parts[i] = i
 	}
-	appliers := NewApplier(store, js, parts, logger)
+	appliers := NewApplier(store, js, parts, nil, logger)
 	appliers.fanout, appliers.pinned = pcfg.fanout, r.version
 	r.wg.Go(func() {
 		if err := appliers.Run(bg); err != nil {
