@@ -115,14 +115,16 @@ func mdFeed(b *strings.Builder, s Summary) {
 
 func (r *Report) mdProjectors(b *strings.Builder, s Summary) {
 	fmt.Fprintf(b, "## Projectors\n\n")
-	fmt.Fprintf(b, "| projector | mean applied/s (mixed) | peak applied/s (run) | max lag (mixed) | lag at its end | batches (mixed) | mean batch | events/batch |\n")
-	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "| projector | mean applied/s (mixed) | peak applied/s (run) | max lag (mixed) | lag at its end | batches (mixed) | mean batch | events/batch | delay p50 | delay p99 |\n")
+	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range s.Projectors {
-		fmt.Fprintf(b, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.1f |\n", p.Name, p.MeanRate, p.PeakRate, p.LagMax, p.LagEnd,
-			p.Batches, fmtDuration(p.MeanBatch), p.EventsPerBatch)
+		fmt.Fprintf(b, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.1f | %s | %s |\n", p.Name, p.MeanRate, p.PeakRate, p.LagMax, p.LagEnd,
+			p.Batches, fmtDuration(p.MeanBatch), p.EventsPerBatch, p.DelayP50, p.DelayP99)
 	}
 	fmt.Fprintf(b, "\nBatches are the service's `feed_projector_batch_seconds` (for the feeds, the planner's: events planned "+
-		"and their work published).\n")
+		"and their work published). Delays are the buckets of its `feed_projector_delay_seconds` that hold the quantile: "+
+		"from an event's occurrence (before its commit) to its effect, for the feeds in the inboxes (per work message, "+
+		"from its oldest event).\n")
 	if f := s.Fanout; f.Known {
 		perMsg := 0.0
 		if f.MessagesPerSec > 0 {

@@ -72,6 +72,29 @@ func TestServerQuantileBucketIsOfThePhaseOnly(t *testing.T) {
 	assert.Equal(t, "no requests", serverQuantileBucket(after, after, 0.99))
 }
 
+func TestQuantileBucketTakesTheSeriesOfItsLabels(t *testing.T) {
+	m := parseMetrics(t, `# TYPE feed_projector_delay_seconds histogram
+feed_projector_delay_seconds_bucket{projector="readmodel",le="0.1"} 99
+feed_projector_delay_seconds_bucket{projector="readmodel",le="1"} 100
+feed_projector_delay_seconds_bucket{projector="readmodel",le="+Inf"} 100
+feed_projector_delay_seconds_sum{projector="readmodel"} 2
+feed_projector_delay_seconds_count{projector="readmodel"} 100
+feed_projector_delay_seconds_bucket{projector="feeds-appliers",le="0.1"} 1
+feed_projector_delay_seconds_bucket{projector="feeds-appliers",le="1"} 50
+feed_projector_delay_seconds_bucket{projector="feeds-appliers",le="+Inf"} 100
+feed_projector_delay_seconds_sum{projector="feeds-appliers"} 200
+feed_projector_delay_seconds_count{projector="feeds-appliers"} 100
+`)
+	q := func(q float64, projector string) string {
+		return quantileBucket(metricSet{}, m, q, "none", "feed_projector_delay_seconds", "projector", projector)
+	}
+	assert.Equal(t, "≤ 100.0 ms", q(0.5, "readmodel"))
+	assert.Equal(t, "≤ 1.00 s", q(0.5, "feeds-appliers"))
+	assert.Equal(t, "> 1.00 s", q(0.99, "feeds-appliers"))
+	assert.Equal(t, "none", quantileBucket(m, m, 0.5, "none", "feed_projector_delay_seconds", "projector", "readmodel"))
+	assert.Equal(t, "unknown", q(0.5, "no-such-projector"))
+}
+
 func TestParseCPULine(t *testing.T) {
 	busy, total, err := parseCPULine("cpu  100 5 50 800 40 3 2 0 7 0")
 	require.NoError(t, err)

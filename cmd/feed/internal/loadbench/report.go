@@ -104,6 +104,10 @@ type ProjectorSummary struct {
 	Batches        float64
 	MeanBatch      time.Duration
 	EventsPerBatch float64
+	// DelayP50 and DelayP99 are the buckets of the service's
+	// feed_projector_delay_seconds (the feeds: its appliers') that hold those
+	// quantiles over the mixed phase, e.g. "≤ 256 ms".
+	DelayP50, DelayP99 string
 }
 
 // FanoutSummary is the feed projector's inside during the mixed phase: how
@@ -230,7 +234,14 @@ func feedSummary(p *phase, target float64, d time.Duration, kinds ...kind) FeedS
 // histogram bucket (feed_http_request_seconds for GET /feed) that holds the q
 // quantile of the phase's requests.
 func serverQuantileBucket(before, after metricSet, q float64) string {
-	b, a := before.buckets("feed_http_request_seconds", "route", "/feed"), after.buckets("feed_http_request_seconds", "route", "/feed")
+	return quantileBucket(before, after, q, "no requests", "feed_http_request_seconds", "route", "/feed")
+}
+
+// quantileBucket is the upper bound of the bucket of the service's histogram
+// family (its series with the labels given) that holds the q quantile of what
+// it observed between before and after; none if it observed nothing.
+func quantileBucket(before, after metricSet, q float64, none, family string, labels ...string) string {
+	b, a := before.buckets(family, labels...), after.buckets(family, labels...)
 	if len(a) == 0 || len(a) != len(b) && len(b) != 0 {
 		return "unknown"
 	}
@@ -242,7 +253,7 @@ func serverQuantileBucket(before, after metricSet, q float64) string {
 	}
 	total := delta(len(a) - 1)
 	if total <= 0 {
-		return "no requests"
+		return none
 	}
 	for i := range a {
 		if delta(i) >= q*total {
@@ -267,7 +278,10 @@ func (r *Report) mixedSamples() []Sample {
 
 func (r *Report) projectorSummaries() []ProjectorSummary {
 	mixed := r.mixedSamples()
-	out := []ProjectorSummary{{Name: "readmodel"}, {Name: "feeds (planner and appliers)"}}
+	out := []ProjectorSummary{
+		{Name: "readmodel", DelayP50: "unknown", DelayP99: "unknown"},
+		{Name: "feeds (planner and appliers)", DelayP50: "unknown", DelayP99: "unknown"},
+	}
 	for _, s := range r.Samples {
 		out[0].PeakRate = max(out[0].PeakRate, s.ReadModelRate)
 		out[1].PeakRate = max(out[1].PeakRate, s.FeedsRate)
@@ -282,6 +296,12 @@ func (r *Report) projectorSummaries() []ProjectorSummary {
 		out[0].LagEnd, out[1].LagEnd = mixed[n-1].ReadModelLag, mixed[n-1].FeedsLag
 	}
 	if r.Mixed.before != nil && r.Mixed.after != nil {
+		// The feeds' delay is their appliers': a post is in the inboxes then.
+		for i, name := range []string{"readmodel", "feeds-appliers"} {
+			before, after := r.Mixed.before, r.Mixed.after
+			out[i].DelayP50 = quantileBucket(before, after, 0.5, "none", "feed_projector_delay_seconds", "projector", name)
+			out[i].DelayP99 = quantileBucket(before, after, 0.99, "none", "feed_projector_delay_seconds", "projector", name)
+		}
 		for i, name := range []string{"readmodel", "feeds"} {
 			before, after := r.Mixed.before, r.Mixed.after
 			batches := after.sum("feed_projector_batch_seconds", "projector", name) - before.sum("feed_projector_batch_seconds", "projector", name)
