@@ -106,7 +106,7 @@ type ProjectorSummary struct {
 	EventsPerBatch float64
 	// DelayP50 and DelayP99 are the buckets of the service's
 	// feed_projector_delay_seconds (the feeds: its appliers') that hold those
-	// quantiles over the mixed phase, e.g. "≤ 256 ms".
+	// quantiles over the mixed phase, e.g. "≤ 256.0 ms".
 	DelayP50, DelayP99 string
 }
 
