@@ -11,28 +11,29 @@ import (
 	"time"
 )
 
-// machineCPU reads the machine's busy and total CPU time, in clock ticks, from
-// /proc/stat (Linux): the bench and the service share the machine, so how busy
-// it was is part of every figure.
-func machineCPU() (busy, total uint64, err error) {
+// machineCPU reads the machine's busy, in-kernel and total CPU time, in clock
+// ticks, from /proc/stat (Linux): the bench and the service share the machine,
+// so how busy it was is part of every figure.
+func machineCPU() (busy, kernel, total uint64, err error) {
 	f, err := os.Open("/proc/stat")
 	if err != nil {
-		return 0, 0, fmt.Errorf("machine cpu: %w", err)
+		return 0, 0, 0, fmt.Errorf("machine cpu: %w", err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	if !sc.Scan() {
-		return 0, 0, fmt.Errorf("machine cpu: empty /proc/stat: %w", sc.Err())
+		return 0, 0, 0, fmt.Errorf("machine cpu: empty /proc/stat: %w", sc.Err())
 	}
 	return parseCPULine(sc.Text())
 }
 
 // parseCPULine reads the aggregate "cpu user nice system idle iowait irq
-// softirq steal ..." line; idle and iowait are not busy.
-func parseCPULine(line string) (busy, total uint64, err error) {
+// softirq steal ..." line; idle and iowait are not busy, and system, irq and
+// softirq are in the kernel.
+func parseCPULine(line string) (busy, kernel, total uint64, err error) {
 	fields := strings.Fields(line)
 	if len(fields) < 5 || fields[0] != "cpu" {
-		return 0, 0, fmt.Errorf("machine cpu: unexpected line %q", line)
+		return 0, 0, 0, fmt.Errorf("machine cpu: unexpected line %q", line)
 	}
 	for i, f := range fields[1:] {
 		if i >= 8 { // guest time is already counted in user
@@ -40,14 +41,17 @@ func parseCPULine(line string) (busy, total uint64, err error) {
 		}
 		v, err := strconv.ParseUint(f, 10, 64)
 		if err != nil {
-			return 0, 0, fmt.Errorf("machine cpu: %q: %w", line, err)
+			return 0, 0, 0, fmt.Errorf("machine cpu: %q: %w", line, err)
 		}
 		total += v
 		if i != 3 && i != 4 {
 			busy += v
 		}
+		if i == 2 || i == 5 || i == 6 {
+			kernel += v
+		}
 	}
-	return busy, total, nil
+	return busy, kernel, total, nil
 }
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every

@@ -96,13 +96,14 @@ feed_projector_delay_seconds_count{projector="feeds-appliers"} 100
 }
 
 func TestParseCPULine(t *testing.T) {
-	busy, total, err := parseCPULine("cpu  100 5 50 800 40 3 2 0 7 0")
+	busy, kernel, total, err := parseCPULine("cpu  100 5 50 800 40 3 2 0 7 0")
 	require.NoError(t, err)
 	assert.Equal(t, uint64(160), busy, "user, nice, system, irq, softirq and steal")
+	assert.Equal(t, uint64(55), kernel, "system, irq and softirq")
 	assert.Equal(t, uint64(1000), total)
-	_, _, err = parseCPULine("cpu0 1 2 3 4")
+	_, _, _, err = parseCPULine("cpu0 1 2 3 4")
 	assert.Error(t, err)
-	_, _, err = parseCPULine("cpu 1 x 3 4")
+	_, _, _, err = parseCPULine("cpu 1 x 3 4")
 	assert.Error(t, err)
 }
 

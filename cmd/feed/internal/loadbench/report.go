@@ -325,8 +325,10 @@ func (r *Report) projectorSummaries() []ProjectorSummary {
 type CPUSummary struct {
 	Phase                             string
 	Machine, Process, Redis, Postgres float64
-	Goroutines                        float64
-	SchedP50, SchedP99                time.Duration
+	// Kernel is the part of Machine spent in the kernel.
+	Kernel             float64
+	Goroutines         float64
+	SchedP50, SchedP99 time.Duration
 }
 
 func (r *Report) cpuSummary(p *phase) CPUSummary {
@@ -347,6 +349,7 @@ func (r *Report) cpuSummary(p *phase) CPUSummary {
 	return CPUSummary{
 		Phase:      stage,
 		Machine:    mean(func(s Sample) float64 { return s.MachineCPU }),
+		Kernel:     mean(func(s Sample) float64 { return s.KernelCPU }),
 		Process:    mean(func(s Sample) float64 { return s.ProcessCPU }),
 		Redis:      mean(func(s Sample) float64 { return s.RedisCPU }),
 		Postgres:   mean(func(s Sample) float64 { return s.PostgresCPU }),

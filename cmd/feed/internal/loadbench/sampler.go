@@ -33,6 +33,8 @@ type Sample struct {
 	// service in its own process), Redis' (at most 1: it runs commands on one
 	// thread) and Postgres'.
 	MachineCPU, ProcessCPU, RedisCPU, PostgresCPU float64
+	// KernelCPU is the part of MachineCPU spent in the kernel (-1 unknown).
+	KernelCPU float64
 	// RedisMemory (used_memory), PostgresSize (the database) and Heap (the
 	// service's Go heap in use) in bytes; -1 when unavailable.
 	RedisMemory, PostgresSize, Heap int64
@@ -68,12 +70,12 @@ func (s *sampler) stop() []Sample {
 
 // prevState is what the next sample's rates are computed from.
 type prevState struct {
-	at                  time.Time
-	commands, reads     int64
-	readModel, applied  float64
-	haveProjectorCounts bool
-	fanoutSeq           uint64
-	cpuBusy, cpuTotal   uint64
+	at                           time.Time
+	commands, reads              int64
+	readModel, applied           float64
+	haveProjectorCounts          bool
+	fanoutSeq                    uint64
+	cpuBusy, cpuKernel, cpuTotal uint64
 	// Cumulative CPU times by probe, as last read.
 	cpu map[string]time.Duration
 }
@@ -110,12 +112,14 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 		Commands:    float64(next.commands-prev.commands) / secs,
 		Reads:       float64(next.reads-prev.reads) / secs,
 		RedisMemory: -1, PostgresSize: -1, Heap: -1, Goroutines: -1,
-		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1,
+		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1, KernelCPU: -1,
 	}
-	if busy, total, err := machineCPU(); err == nil {
-		next.cpuBusy, next.cpuTotal = busy, total
+	if busy, kernel, total, err := machineCPU(); err == nil {
+		next.cpuBusy, next.cpuKernel, next.cpuTotal = busy, kernel, total
 		if prev.cpuTotal > 0 && total > prev.cpuTotal {
-			smp.MachineCPU = float64(runtime.NumCPU()) * float64(busy-prev.cpuBusy) / float64(total-prev.cpuTotal)
+			cores := float64(runtime.NumCPU()) / float64(total-prev.cpuTotal)
+			smp.MachineCPU = cores * float64(busy-prev.cpuBusy)
+			smp.KernelCPU = cores * float64(kernel-prev.cpuKernel)
 		}
 	}
 	m, _ := s.r.api.metrics(ctx) // a failed scrape leaves the figures unknown
