@@ -272,14 +272,11 @@ func (d *workDecoder) uvarint() uint64 {
 	return v
 }
 
+// varint reads a signed varint: the zig-zag encoding binary.AppendVarint
+// writes, read as an unsigned one.
 func (d *workDecoder) varint() int64 {
-	v, n := binary.Varint(d.data)
-	if n <= 0 {
-		d.bad = true
-		return 0
-	}
-	d.data = d.data[n:]
-	return v
+	u := d.uvarint()
+	return int64(u>>1) ^ -int64(u&1)
 }
 
 // postsOf reads a list of n posts into the next of the body's posts; an
