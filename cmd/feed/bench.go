@@ -52,7 +52,7 @@ func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions
 	fs.StringVar(&opts.url, "url", "", "benchmark the service running at this loopback URL instead of starting one")
 	fs.StringVar(&opts.out, "out", "bench-out", "directory for report.md, chart.png and summary.json")
 	fs.BoolVar(&opts.inProcess, "in-process", false, "start the service in the bench's own process rather than as a process of its own (needed by --cpuprofile)")
-	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write a CPU profile of each measured phase, and a heap profile at its end, to the output directory (with --in-process)")
+	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write a CPU profile of each measured phase, and heap profiles at its start and end, to the output directory (with --in-process)")
 	fs.BoolVar(&opts.keep, "keep", false, "keep the started stack's data directory")
 	fs.IntVar(&cfg.Users, "users", cfg.Users, "users in the synthetic graph")
 	fs.IntVar(&cfg.AvgFollowers, "followers", cfg.AvgFollowers, "followers per account on average")
@@ -216,7 +216,7 @@ func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, g
 	target := loadbench.Target{
 		BaseURL:   "http://" + cfg.HTTPAddr,
 		InProcess: true,
-		Stack: fmt.Sprintf("started in process like `feed dev` (embedded NATS with sync %s, child Redis and Postgres), FEED_BIG_ACCOUNT=%d, "+
+		Stack: fmt.Sprintf("started in process like `feed dev` (child NATS with sync %s, Redis and Postgres), FEED_BIG_ACCOUNT=%d, "+
 			"FEED_PARTITIONS=%d, FEED_INBOX_CAP=%d", cfg.NATSSync, cfg.BigAccount, cfg.Partitions, cfg.InboxCap),
 		Progress: stderr,
 	}
@@ -227,7 +227,7 @@ func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, g
 	if opts.cpuProfile {
 		target.OnPhase = prof.onPhase
 	}
-	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true})
+	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true})
 	prof.stop()
 	if serr := stop(); serr != nil {
 		// A service that failed explains the bench's own error.
@@ -268,14 +268,14 @@ func benchChild(ctx context.Context, wl loadbench.Config, cfg config, env func(s
 	}
 	target := loadbench.Target{
 		BaseURL: "http://" + cfg.HTTPAddr,
-		Stack: fmt.Sprintf("started as a process of its own like `feed dev` (embedded NATS with sync %s, child Redis and Postgres), FEED_BIG_ACCOUNT=%d, "+
+		Stack: fmt.Sprintf("started as a process of its own like `feed dev` (child NATS with sync %s, Redis and Postgres), FEED_BIG_ACCOUNT=%d, "+
 			"FEED_PARTITIONS=%d, FEED_INBOX_CAP=%d", cfg.NATSSync, cfg.BigAccount, cfg.Partitions, cfg.InboxCap),
 		Progress: stderr,
 	}
 	if target.Token, err = benchTokens(cfg.JWTSecret); err != nil {
 		return nil, errors.Join(err, stop())
 	}
-	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true})
+	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true})
 	if serr := stop(); serr != nil {
 		// A service that failed explains the bench's own error.
 		return nil, fmt.Errorf("service: %w", serr)
@@ -448,18 +448,21 @@ func benchTokens(secret string) (func(domain.UserID) (string, error), error) {
 }
 
 // rawServers says which servers the raw limits may be measured on: those of
-// a stack the bench started, or named by REDIS_URL and NATS_URL.
-type rawServers struct{ redis, nats bool }
+// a stack the bench started, or named by REDIS_URL and NATS_URL. started
+// says the bench started the stack, so that a NATS server it did not name by
+// NATS_URL is the service's child process on this machine.
+type rawServers struct{ redis, nats, started bool }
 
 // runObserved connects the observers (positions, memory, sizes, CPU and the
 // raw limits' servers) to the service's servers, runs the bench with its load
 // generator's goroutines labelled bench=loadgen in CPU profiles, and
 // disconnects.
 func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Target, cfg config, raw rawServers) (*loadbench.Report, error) {
-	obs := connectObservers(ctx, cfg, target.Progress)
+	obs := connectObservers(ctx, cfg, raw.started, target.Progress)
 	defer obs.close()
 	target.Positions, target.RedisMemory, target.RedisCPU, target.PostgresSize = obs.positions, obs.redisMemory, obs.redisCPU, obs.postgresSize
 	target.PostgresCPU = obs.postgresCPU
+	target.NATSCPU, target.NATSMemory = obs.natsCPU, obs.natsMemory
 	if raw.redis && obs.redisMemory != nil { // set once Redis answered
 		target.Redis = obs.rdb
 	}
@@ -490,6 +493,8 @@ type observers struct {
 	redisCPU     func(context.Context) (time.Duration, error)
 	postgresCPU  func(context.Context) (time.Duration, error)
 	postgresSize func(context.Context) (int64, error)
+	natsCPU      func(context.Context) (time.Duration, error)
+	natsMemory   func(context.Context) (int64, error)
 	closes       []func()
 }
 
@@ -503,8 +508,10 @@ func (o *observers) close() {
 }
 
 // connectObservers connects to whatever of NATS, Redis and Postgres it can
-// reach (the URLs of cfg, or the dev ports), within a few seconds.
-func connectObservers(ctx context.Context, cfg config, progress io.Writer) *observers {
+// reach (the URLs of cfg, or the dev ports), within a few seconds. When the
+// bench started the stack (started) without NATS_URL, the NATS server is the
+// service's child process `feed nats`, observed from /proc by its port.
+func connectObservers(ctx context.Context, cfg config, started bool, progress io.Writer) *observers {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	o := &observers{streamName: cfg.StreamName, status: connectStatus(cctx, cfg)}
@@ -534,6 +541,14 @@ func connectObservers(ctx context.Context, cfg config, progress io.Writer) *obse
 		probe := loadbench.PostgresCPU(port)
 		if _, err := probe(cctx); err == nil {
 			o.postgresCPU = probe
+		}
+	}
+	if started && cfg.NATSURL == "" && cfg.NATSPort > 0 {
+		cpu, memory := loadbench.NATSProcess(cfg.NATSPort)
+		if _, err := cpu(cctx); err == nil {
+			o.natsCPU, o.natsMemory = cpu, memory
+		} else {
+			fmt.Fprintf(progress, "bench: the NATS server process is not visible to the bench (%v); its CPU and memory are left out\n", err)
 		}
 	}
 	return o
@@ -628,7 +643,7 @@ func (o *observers) readPostgresSize(ctx context.Context) (int64, error) {
 }
 
 // phaseProfiler writes a CPU profile of each measured phase of a started
-// stack, and a heap profile at its end: the service and the load generator
+// stack, and heap profiles at its start and end: the service and the load generator
 // share the process, and the generator's goroutines carry the label
 // bench=loadgen (leave them out of the CPU profile with
 // `go tool pprof -tagignore bench=loadgen`).
@@ -644,9 +659,12 @@ func (p *phaseProfiler) onPhase(phase string, start bool) {
 	defer p.mu.Unlock()
 	if !start {
 		p.stopLocked()
-		p.writeHeap(phase)
+		p.writeHeap("heap-" + phase + ".pprof")
 		return
 	}
+	// What is live as the phase starts: `go tool pprof -base` of this and the
+	// end's profile is what the phase added.
+	p.writeHeap("heap-" + phase + "-start.pprof")
 	path := filepath.Join(p.dir, "cpu-"+phase+".pprof")
 	f, err := os.Create(path)
 	if err != nil {
@@ -662,9 +680,9 @@ func (p *phaseProfiler) onPhase(phase string, start bool) {
 	fmt.Fprintf(p.stderr, "bench: profiling the %s phase into %s\n", phase, path)
 }
 
-// writeHeap writes what is live at the end of phase, after a collection.
-func (p *phaseProfiler) writeHeap(phase string) {
-	path := filepath.Join(p.dir, "heap-"+phase+".pprof")
+// writeHeap writes what is live, after a collection, to name.
+func (p *phaseProfiler) writeHeap(name string) {
+	path := filepath.Join(p.dir, name)
 	f, err := os.Create(path)
 	if err == nil {
 		runtime.GC()

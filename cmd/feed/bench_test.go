@@ -23,15 +23,16 @@ import (
 // TestBenchReportsEveryFigure runs a short bench against a stack it starts (on
 // the harness's servers), as a process of its own and in the bench's process
 // with profiles, and checks the report has every figure the issue asks for,
-// measured.
+// measured. In its own process the service starts its NATS server as `feed
+// dev` does (a child process), whose CPU and memory the bench then reports.
 func TestBenchReportsEveryFigure(t *testing.T) {
 	t.Run("own process", func(t *testing.T) {
-		out, stderr := benchReport(t)
+		out, stderr := benchReport(t, true)
 		assert.Contains(t, stderr, "bench: started the service as process")
 		assert.NoFileExists(t, filepath.Join(out, "cpu-mixed.pprof"))
 	})
 	t.Run("in process, profiled", func(t *testing.T) {
-		out, stderr := benchReport(t, "--in-process", "--cpuprofile")
+		out, stderr := benchReport(t, false, "--in-process", "--cpuprofile")
 		assert.Contains(t, stderr, "bench: starting the service in this process")
 		for _, phase := range []string{"mixed", "reads"} {
 			info, err := os.Stat(filepath.Join(out, "cpu-"+phase+".pprof"))
@@ -43,9 +44,14 @@ func TestBenchReportsEveryFigure(t *testing.T) {
 }
 
 // benchReport runs the short bench with extra flags, checks its report and
-// returns the output directory and what it wrote to stderr.
-func benchReport(t *testing.T, flags ...string) (out, stderrText string) {
-	env := stackEnv(localstack.ForTest(t), map[string]string{"FEED_LOG_LEVEL": "error"})
+// returns the output directory and what it wrote to stderr. With childNATS
+// the service starts its own NATS server instead of using the harness's.
+func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText string) {
+	extra := map[string]string{"FEED_LOG_LEVEL": "error"}
+	if childNATS {
+		extra["NATS_URL"] = ""
+	}
+	env := stackEnv(localstack.ForTest(t), extra)
 	out = t.TempDir()
 	var stdout, stderr syncBuffer
 	err := run(t.Context(), append([]string{"bench",
@@ -93,7 +99,14 @@ func benchReport(t *testing.T, flags ...string) (out, stderrText string) {
 		assert.Positive(t, p.PeakRate, "%s apply rate", p.Name)
 	}
 	for _, r := range s.Resources {
+		if r.Name == "NATS server resident memory" && !childNATS {
+			assert.Equal(t, int64(-1), r.End, "the harness's NATS is not the service's child")
+			continue
+		}
 		assert.Positive(t, r.End, "%s", r.Name)
+	}
+	if childNATS {
+		assert.Positive(t, s.CPU[0].NATS, "NATS CPU in the mixed phase")
 	}
 	assert.Positive(t, s.FanoutRate)
 	assert.Zero(t, s.Errors)

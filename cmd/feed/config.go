@@ -28,7 +28,7 @@ type config struct {
 	RedisURL    string
 	DatabaseURL string
 
-	// Embedded NATS (when NATSURL is empty).
+	// The NATS server started when NATSURL is empty (feed nats).
 	NATSPort     int
 	NATSSync     string // "always" or a Go duration
 	StreamName   string
@@ -81,7 +81,7 @@ type variable struct {
 // variables is the configuration table, in README order.
 var variables = []variable{
 	{"FEED_HTTP_ADDR", ":8080", "HTTP listen address."},
-	{"FEED_DATA_DIR", ".data", "Data directory: embedded NATS store, media, and in dev mode Redis and Postgres data."},
+	{"FEED_DATA_DIR", ".data", "Data directory: the NATS store (when NATS_URL is unset), media, and in dev mode Redis and Postgres data."},
 	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 16 bytes; required by `serve`. `dev` and `token` use a fixed development secret when it is unset."},
 	{"FEED_ROLES", "api,readmodel,planner,appliers", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector), `planner` and `appliers` (the two stages of the Redis feed projector). Run each projector role in one process at a time."},
 	{"FEED_INBOX_CAP", "500", "Posts kept per home feed inbox in Redis."},
@@ -96,14 +96,14 @@ var variables = []variable{
 	{"FEED_LOG_FORMAT", "text", "text or json."},
 	{"FEED_SHUTDOWN_TIMEOUT", "20s", "How long shutdown waits for in-flight work."},
 	{"FEED_CONSISTENCY_WAIT", "2s", "Longest wait of a read for X-Min-Position."},
-	{"FEED_NATS_PORT", "4222", "Loopback client port of the embedded NATS server (so the nats CLI connects with no flags); 0 picks a free one."},
-	{"FEED_NATS_SYNC", "always", "Embedded JetStream fsync policy: always (acknowledged = on disk) or an interval such as 2m."},
+	{"FEED_NATS_PORT", "4222", "Loopback client port of the NATS server started when NATS_URL is unset (so the nats CLI connects with no flags); 0 picks a free one."},
+	{"FEED_NATS_SYNC", "always", "That server's JetStream fsync policy: always (acknowledged = on disk) or an interval such as 2m."},
 	{"FEED_STREAM", "FEED_EVENTS", "Name of the event stream."},
 	{"FEED_STREAM_REPLICAS", "1", "Stream replicas (3 on a JetStream cluster)."},
 	{"FEED_DEDUP_WINDOW", "10m", "How long an Idempotency-Key / event id is remembered."},
 	{"FEED_DEV_REDIS_PORT", "16379", "dev: loopback port of the child Redis."},
 	{"FEED_DEV_POSTGRES_PORT", "15432", "dev: loopback port of the child Postgres."},
-	{"NATS_URL", "", "External NATS server or cluster; unset runs NATS embedded."},
+	{"NATS_URL", "", "External NATS server or cluster; unset starts one as a child process (feed nats)."},
 	{"REDIS_URL", "", "External Redis; unset in dev mode starts a child redis-server."},
 	{"DATABASE_URL", "", "External Postgres; unset in dev mode starts a child postgres."},
 }

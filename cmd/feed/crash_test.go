@@ -29,7 +29,7 @@ import (
 // is the feed command: the crash test kills such a process like a real one,
 // and the bench starts the service as `<its binary> dev`.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && (os.Args[1] == "serve" || os.Args[1] == "dev") {
+	if len(os.Args) > 1 && (os.Args[1] == "serve" || os.Args[1] == "dev" || os.Args[1] == "nats") {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 		stop()

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/feedproject/feed/cmd/localstack"
 )
 
 func main() {
@@ -38,9 +40,14 @@ const usage = `feed — an event-sourced news feed on NATS JetStream, Redis and 
 
 Usage:
   feed serve   run the API (and, as they are configured, projectors) against
-               NATS_URL (embedded when unset), REDIS_URL and DATABASE_URL
+               NATS_URL (feed nats as a child process when unset), REDIS_URL
+               and DATABASE_URL
   feed dev     like serve, but start Redis and Postgres as child processes
                under FEED_DATA_DIR when their URLs are unset
+  feed nats [--dir DIR] [--port 4222] [--sync always]
+               run only the NATS JetStream server that serve and dev start as a
+               process of their own when NATS_URL is unset (store under
+               FEED_DATA_DIR/nats)
   feed token --user ID [--admin] [--ttl 24h]
                print a bearer token for a user, signed with FEED_JWT_SECRET
                (or the development secret that feed dev accepts)
@@ -93,6 +100,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 		return serve(ctx, cfg, cmd == "dev", newLogger(cfg, stderr), stdout)
+	case "nats":
+		cfg, err := parseConfig(getenv)
+		if err != nil {
+			return err
+		}
+		return localstack.RunNATS(ctx, rest, natsConfig(cfg), stderr, newLogger(cfg, stderr))
 	case "tail":
 		return tail(ctx, rest, getenv, stdout, stderr)
 	case "replay", "rebuild":

@@ -85,18 +85,16 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 	}
 	natsURL := cfg.NATSURL
 	if natsURL == "" {
-		ns, err := localstack.StartNATS(localstack.NATSConfig{
-			Dir:          filepath.Join(cfg.DataDir, "nats"),
-			Port:         cfg.NATSPort,
-			SyncAlways:   cfg.NATSSync == "always",
-			SyncInterval: syncInterval(cfg.NATSSync),
-		}, logger)
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("start nats: find this binary: %w", err)
+		}
+		ns, err := localstack.StartNATSProcess(ctx, []string{exe, "nats"}, natsConfig(cfg), logger)
 		if err != nil {
 			return nil, err
 		}
-		in.closers = append(in.closers, ns.Shutdown)
+		in.closers = append(in.closers, func() { logStop(logger, "nats", ns.Stop()) })
 		natsURL = ns.ClientURL()
-		natsOpts = append(natsOpts, nats.InProcessServer(ns.Server()))
 	}
 
 	redisURL, databaseURL := cfg.RedisURL, cfg.DatabaseURL
@@ -240,6 +238,17 @@ func setGCPercent(lookup func(string) (string, bool)) (int, bool) {
 // listpackEntries is Redis' zset-max-listpack-entries for the feeds: above the
 // inbox cap and its two bookkeeping members, so every inbox stays a listpack.
 func listpackEntries(cfg config) int { return max(1024, cfg.InboxCap+2) }
+
+// natsConfig is the NATS server that serve and dev run when NATS_URL is unset:
+// `feed nats`, a process of its own (localstack.StartNATSProcess).
+func natsConfig(cfg config) localstack.NATSConfig {
+	return localstack.NATSConfig{
+		Dir:          filepath.Join(cfg.DataDir, "nats"),
+		Port:         cfg.NATSPort,
+		SyncAlways:   cfg.NATSSync == "always",
+		SyncInterval: syncInterval(cfg.NATSSync),
+	}
+}
 
 func syncInterval(s string) time.Duration {
 	d, _ := time.ParseDuration(s) // validated by parseConfig; "always" gives 0

@@ -183,8 +183,8 @@ type tailLine struct {
 // errTailDone ends a tail that reached --until or --limit.
 var errTailDone = errors.New("tail done")
 
-// natsURLOf is the NATS server to connect to: NATS_URL, or the embedded
-// server of `feed dev` on its loopback port.
+// natsURLOf is the NATS server to connect to: NATS_URL, or the one
+// `feed dev` starts (feed nats) on its loopback port.
 func natsURLOf(cfg config) string {
 	if cfg.NATSURL != "" {
 		return cfg.NATSURL

@@ -169,9 +169,27 @@ func (c *child) waitReady(ctx context.Context, timeout time.Duration, probe func
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	var lastErr error
+	exited := func() error {
+		err := c.exitError()
+		if c.out.contains("Address already in use") {
+			return fmt.Errorf("%w: %w", errAddrInUse, err)
+		}
+		return err
+	}
 	for {
+		// A probe may hang until its timeout (another program holds the
+		// port and never answers): a child that exits meanwhile fails the
+		// wait at once.
 		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
-		err := probe(pctx)
+		res := make(chan error, 1)
+		go func() { res <- probe(pctx) }()
+		var err error
+		select {
+		case err = <-res:
+		case <-c.done:
+			pcancel()
+			return exited()
+		}
 		pcancel()
 		if err == nil {
 			return nil
@@ -179,11 +197,7 @@ func (c *child) waitReady(ctx context.Context, timeout time.Duration, probe func
 		lastErr = err
 		select {
 		case <-c.done:
-			err := c.exitError()
-			if c.out.contains("Address already in use") {
-				return fmt.Errorf("%w: %w", errAddrInUse, err)
-			}
-			return err
+			return exited()
 		case <-ctx.Done():
 			return fmt.Errorf("%s not ready after %s: %w (last probe error: %v)", c.name, timeout, ctx.Err(), lastErr)
 		case <-tick.C:
@@ -254,6 +268,8 @@ func (l *lineLogger) tail() string {
 	return strings.Join(l.last, "\n")
 }
 
+// contains reports whether the last lines contain s, in any case: Redis says
+// "Address already in use", Go programs "address already in use".
 func (l *lineLogger) contains(s string) bool {
-	return strings.Contains(l.tail(), s)
+	return strings.Contains(strings.ToLower(l.tail()), strings.ToLower(s))
 }

@@ -19,7 +19,7 @@ import (
 
 // crashHelperEnv switches TestCrashHelper from a no-op into the body of a
 // separate process that starts a server and then dies without cleaning
-// up. Its value is "<redis|postgres>:<dir>".
+// up. Its value is "<redis|postgres|nats>:<dir>".
 const crashHelperEnv = "LOCALSTACK_CRASH_HELPER"
 
 // TestCrashHelper is not a test on its own: TestChildDiesWhenParentCrashes
@@ -40,6 +40,10 @@ func TestCrashHelper(t *testing.T) {
 		p, err := localstack.StartPostgres(ctx, localstack.PostgresConfig{Dir: dir}, testLogger(t))
 		require.NoError(t, err)
 		pid = p.PID()
+	case "nats":
+		n, err := localstack.StartNATSProcess(ctx, []string{os.Args[0], "nats"}, localstack.NATSConfig{Dir: dir}, testLogger(t))
+		require.NoError(t, err)
+		pid = n.PID()
 	default:
 		t.Fatalf("unknown helper kind %q", kind)
 	}
@@ -54,6 +58,10 @@ func TestChildDiesWhenParentCrashes(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		crashAndCheck(t, "redis", filepath.Join(t.TempDir(), "redis"))
+	})
+	t.Run("nats", func(t *testing.T) {
+		t.Parallel()
+		crashAndCheck(t, "nats", filepath.Join(t.TempDir(), "nats"))
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()

@@ -75,6 +75,8 @@ func TestNATSForTestJetStream(t *testing.T) {
 	assert.Equal(t, `{"id":1}`, string(msg.Data))
 }
 
+// TestNATSFixedPortInUseFailsFast: a server, in this process or a child,
+// whose port is taken fails at once and says which port.
 func TestNATSFixedPortInUseFailsFast(t *testing.T) {
 	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -82,14 +84,37 @@ func TestNATSFixedPortInUseFailsFast(t *testing.T) {
 	defer l.Close()
 	port := l.Addr().(*net.TCPAddr).Port
 
-	start := time.Now()
-	n, err := localstack.StartNATS(localstack.NATSConfig{Dir: t.TempDir(), Port: port}, testLogger(t))
-	if n != nil {
-		n.Shutdown()
+	for _, tc := range []struct {
+		name  string
+		start func(localstack.NATSConfig) (stop func(), err error)
+	}{
+		{"in process", func(cfg localstack.NATSConfig) (func(), error) {
+			n, err := localstack.StartNATS(cfg, testLogger(t))
+			if err != nil {
+				return nil, err
+			}
+			return n.Shutdown, nil
+		}},
+		{"child process", func(cfg localstack.NATSConfig) (func(), error) {
+			n, err := localstack.StartNATSProcess(context.Background(), natsArgv(), cfg, testLogger(t))
+			if err != nil {
+				return nil, err
+			}
+			return func() { _ = n.Stop() }, nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			stop, err := tc.start(localstack.NATSConfig{Dir: t.TempDir(), Port: port})
+			if stop != nil {
+				stop()
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), strconv.Itoa(port))
+			assert.Contains(t, err.Error(), "address already in use", "the server's own explanation")
+			assert.Less(t, time.Since(start), 5*time.Second, "should not wait for the readiness timeout")
+		})
 	}
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), strconv.Itoa(port))
-	assert.Less(t, time.Since(start), 5*time.Second, "should not wait for the readiness timeout")
 }
 
 func TestNATSSyncAlwaysRestartKeepsStream(t *testing.T) {
@@ -100,25 +125,37 @@ func TestNATSSyncAlwaysRestartKeepsStream(t *testing.T) {
 
 	n, err := localstack.StartNATS(localstack.NATSConfig{Dir: dir, SyncAlways: true}, testLogger(t))
 	require.NoError(t, err)
-	nc, err := nats.Connect(n.ClientURL())
-	require.NoError(t, err)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}})
-	require.NoError(t, err)
-	_, err = js.Publish(ctx, "s", []byte("kept"))
-	require.NoError(t, err)
-	nc.Close()
+	publishKept(ctx, t, n.ClientURL())
 	n.Shutdown()
 	n.Shutdown() // idempotent
 
 	n, err = localstack.StartNATS(localstack.NATSConfig{Dir: dir}, testLogger(t))
 	require.NoError(t, err)
 	t.Cleanup(n.Shutdown)
-	nc, err = nats.Connect(n.ClientURL())
+	requireKept(ctx, t, n.ClientURL())
+}
+
+// publishKept creates stream S and acknowledges "kept" in it.
+func publishKept(ctx context.Context, t *testing.T, url string) {
+	t.Helper()
+	nc, err := nats.Connect(url)
 	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err = jetstream.New(nc)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}})
+	require.NoError(t, err)
+	_, err = js.Publish(ctx, "s", []byte("kept"))
+	require.NoError(t, err)
+}
+
+// requireKept checks that the server at url has publishKept's message.
+func requireKept(ctx context.Context, t *testing.T, url string) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	stream, err := js.Stream(ctx, "S")
 	require.NoError(t, err)

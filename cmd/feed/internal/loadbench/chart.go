@@ -50,6 +50,7 @@ func (r *Report) WriteChart(w io.Writer) error {
 			{"Redis used_memory", func(s Sample) float64 { return mib(s.RedisMemory) }, red},
 			{"service Go heap in use", func(s Sample) float64 { return mib(s.Heap) }, blue},
 			{"Postgres database", func(s Sample) float64 { return mib(s.PostgresSize) }, green},
+			{"NATS server resident", func(s Sample) float64 { return mib(s.NATSMemory) }, orange},
 		}},
 	}
 	plots := make([][]*plot.Plot, len(panels))

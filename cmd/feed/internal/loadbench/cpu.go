@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -122,8 +124,8 @@ func readProcs() ([]proc, error) {
 		if err != nil || p.pid != pid {
 			continue
 		}
-		if cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil {
-			p.cmdline = strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+		if cmd, err := pidCmdline(pid); err == nil {
+			p.cmdline = cmd
 		}
 		out = append(out, p)
 	}
@@ -156,4 +158,131 @@ func parseStat(stat string) (proc, error) {
 		}
 	}
 	return p, nil
+}
+
+// NATSProcess returns probes of the local NATS server listening on port that
+// this project starts as a child of the service (`feed nats --dir DIR --port
+// PORT`, see localstack.StartNATSProcess): the CPU time it has used (it has
+// no children) and its resident set size in bytes. They fail while no such
+// process runs, e.g. when the service uses an external NATS_URL. The process
+// is looked for in /proc once, then checked again by its command line at
+// every call.
+func NATSProcess(port int) (cpu func(context.Context) (time.Duration, error), memory func(context.Context) (int64, error)) {
+	f := &procFinder{
+		what:  fmt.Sprintf("nats process listening on port %d", port),
+		match: func(cmdline []string) bool { return isNATSServer(cmdline, strconv.Itoa(port)) },
+	}
+	cpu = func(context.Context) (time.Duration, error) {
+		pid, err := f.find()
+		if err != nil {
+			return 0, err
+		}
+		return pidCPU(pid)
+	}
+	memory = func(context.Context) (int64, error) {
+		pid, err := f.find()
+		if err != nil {
+			return 0, err
+		}
+		return pidRSS(pid)
+	}
+	return cpu, memory
+}
+
+// isNATSServer tells whether cmdline is `… nats … --port port …`: an argument
+// "nats" (the subcommand, not the program) and later "--port" followed by
+// port.
+func isNATSServer(cmdline []string, port string) bool {
+	sub := slices.Index(cmdline[min(1, len(cmdline)):], "nats")
+	if sub < 0 {
+		return false
+	}
+	for i := sub + 2; i+1 < len(cmdline); i++ {
+		if cmdline[i] == "--port" && cmdline[i+1] == port {
+			return true
+		}
+	}
+	return false
+}
+
+// procFinder finds a process by its command line and remembers its id.
+type procFinder struct {
+	what  string
+	match func(cmdline []string) bool
+	mu    sync.Mutex
+	pid   int
+}
+
+func (f *procFinder) find() (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pid > 0 {
+		// Still the same process (not gone, its id not reused)?
+		if cmd, err := pidCmdline(f.pid); err == nil && f.match(cmd) {
+			return f.pid, nil
+		}
+		f.pid = 0
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("list processes: %w", err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if cmd, err := pidCmdline(pid); err == nil && f.match(cmd) {
+			f.pid = pid
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no %s found", f.what)
+}
+
+// pidCmdline is a process's arguments, from /proc/<pid>/cmdline.
+func pidCmdline(pid int) ([]string, error) {
+	cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00"), nil
+}
+
+// pidCPU is the CPU time a process has used itself (utime and stime, not its
+// reaped children's).
+func pidCPU(pid int) (time.Duration, error) {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, fmt.Errorf("process cpu: %w", err)
+	}
+	p, err := parseStat(string(stat))
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(p.utime+p.stime) * time.Second / clockTicks, nil
+}
+
+// pidRSS is a process's resident set size in bytes, from the second field
+// of /proc/<pid>/statm (in pages).
+func pidRSS(pid int) (int64, error) {
+	statm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "statm"))
+	if err != nil {
+		return 0, fmt.Errorf("process memory: %w", err)
+	}
+	return parseStatm(string(statm), os.Getpagesize())
+}
+
+// parseStatm reads the resident pages of /proc/<pid>/statm ("size resident
+// shared text lib data dt", in pages) as bytes.
+func parseStatm(statm string, pageSize int) (int64, error) {
+	f := strings.Fields(statm)
+	if len(f) < 2 {
+		return 0, fmt.Errorf("process statm %q: too few fields", statm)
+	}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("process statm: resident: %w", err)
+	}
+	return pages * int64(pageSize), nil
 }

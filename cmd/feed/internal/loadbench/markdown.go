@@ -156,7 +156,9 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", rs.Name, fmtBytes(rs.Start), fmtBytes(rs.End), growth)
 	}
-	fmt.Fprintf(b, "\nRedis grows until inboxes and outboxes reach their caps; Postgres keeps every post.\n\n")
+	fmt.Fprintf(b, "\nRedis grows until inboxes and outboxes reach their caps; Postgres keeps every post. The NATS server's "+
+		"resident memory (a process of its own, `feed nats`, when the service started it) holds JetStream's indexes and caches, "+
+		"which grow with the log.\n\n")
 	cores := func(v float64) string {
 		if v < 0 {
 			return "unknown"
@@ -168,21 +170,28 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 		whose = "the feed process"
 	}
 	fmt.Fprintf(b, "CPU, mean cores used (of %d), and how long goroutines of %s waited to run once runnable:\n\n", runtime.NumCPU(), whose)
-	fmt.Fprintf(b, "| phase | machine | of it in the kernel | feed process | Redis | Postgres | anything else | goroutines | run-queue wait p50 | p99 |\n")
-	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "| phase | machine | of it in the kernel | feed process | Redis | Postgres | NATS | anything else | goroutines | run-queue wait p50 | p99 |\n")
+	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range s.CPU {
-		other := -1.0
-		if c.Machine >= 0 && c.Process >= 0 && c.Redis >= 0 && c.Postgres >= 0 {
-			other = max(0, c.Machine-c.Process-c.Redis-c.Postgres)
-		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Kernel), cores(c.Process), cores(c.Redis),
-			cores(c.Postgres), cores(other), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99))
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Kernel), cores(c.Process), cores(c.Redis),
+			cores(c.Postgres), cores(c.NATS), cores(c.other()), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99))
 	}
 	fmt.Fprintf(b, "\nThe feed process is the service and, with `--in-process`, the bench's load generator too "+
 		"(its share is in the CPU profiles of `--cpuprofile`, label `bench=loadgen`; its goroutines are counted too). "+
+		"NATS runs as a child process of the service (`feed nats`), in its own column; it is unknown when the service uses "+
+		"an external NATS_URL, and then counted in *anything else*. "+
 		"Redis runs commands on one thread. *Anything else* is other work on the machine, which the figures above shared it with. "+
 		"A large share in the kernel can be the machine's own state: on an ext4 without a journal, files created "+
 		"within minutes of many removals (an earlier run's data) cost far more.\n\n")
+}
+
+// other is the machine's CPU that none of the processes observed used; -1
+// unknown. NATS is subtracted when known (else it is part of it).
+func (c CPUSummary) other() float64 {
+	if c.Machine < 0 || c.Process < 0 || c.Redis < 0 || c.Postgres < 0 {
+		return -1
+	}
+	return max(0, c.Machine-c.Process-c.Redis-c.Postgres-max(0, c.NATS))
 }
 
 func mdRatios(b *strings.Builder, s Summary) {

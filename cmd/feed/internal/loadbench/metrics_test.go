@@ -1,8 +1,11 @@
 package loadbench
 
 import (
+	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -124,4 +127,87 @@ func TestParseStat(t *testing.T) {
 func TestPostgresCPUFindsTheLocalServer(t *testing.T) {
 	_, err := PostgresCPU(1)(t.Context())
 	assert.Error(t, err, "nothing listens on port 1")
+}
+
+func TestIsNATSServer(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cmdline []string
+		want    bool
+	}{
+		{"feed nats", []string{"/usr/local/bin/feed", "nats", "--dir", "/d/nats", "--port", "4222", "--sync", "always"}, true},
+		{"with a host first", []string{"feed", "nats", "--host", "127.0.0.1", "--port", "4222"}, true},
+		{"another port", []string{"feed", "nats", "--dir", "/d", "--port", "4223"}, false},
+		{"port as the last argument", []string{"feed", "nats", "--dir", "/d", "--port"}, false},
+		{"no nats subcommand", []string{"feed", "dev", "--port", "4222"}, false},
+		{"nats after the port", []string{"feed", "--port", "4222", "nats"}, false},
+		{"the port as nats's own argument", []string{"feed", "--port", "nats", "4222"}, false},
+		{"the program named nats", []string{"nats", "--port", "4222"}, false},
+		{"--port=N", []string{"feed", "nats", "--port=4222"}, false},
+		{"the directory named as the port", []string{"feed", "nats", "--dir", "4222", "--port", "4223"}, false},
+		{"one argument holding them all", []string{"sh", "-c", "feed nats --port 4222"}, false},
+		{"empty", nil, false},
+		{"kernel thread", []string{""}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, isNATSServer(tc.cmdline, "4222"))
+		})
+	}
+}
+
+func TestPerProcessReaders(t *testing.T) {
+	pid := os.Getpid()
+	// Burn a little CPU so that this process has used some.
+	deadline := time.Now().Add(30 * time.Millisecond)
+	for x := 0; time.Now().Before(deadline); x++ {
+		_ = x * x
+	}
+	cpu, err := pidCPU(pid)
+	require.NoError(t, err)
+	assert.Positive(t, cpu)
+	rss, err := pidRSS(pid)
+	require.NoError(t, err)
+	assert.Greater(t, rss, int64(1<<20), "a Go test binary's resident set is over a MiB")
+	cmd, err := pidCmdline(pid)
+	require.NoError(t, err)
+	assert.Equal(t, os.Args, cmd)
+
+	_, err = pidCPU(-1)
+	assert.Error(t, err)
+	_, err = pidRSS(-1)
+	assert.Error(t, err)
+}
+
+func TestParseStatm(t *testing.T) {
+	v, err := parseStatm("2509 1830 1403 9 0 213 0\n", 4096)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1830*4096), v)
+	_, err = parseStatm("2509", 4096)
+	assert.Error(t, err)
+	_, err = parseStatm("2509 x 1", 4096)
+	assert.Error(t, err)
+}
+
+func TestNATSProcessFindsItsServer(t *testing.T) {
+	cpu, memory := NATSProcess(1)
+	_, err := cpu(t.Context())
+	assert.Error(t, err, "nothing listens on port 1")
+	_, err = memory(t.Context())
+	assert.Error(t, err)
+
+	// This process stands in for the server: a finder that matches its own
+	// command line finds it, and keeps it while its command line matches.
+	self := os.Getpid()
+	want := os.Args
+	f := &procFinder{what: "this test", match: func(cmd []string) bool { return slices.Equal(cmd, want) }}
+	pid, err := f.find()
+	require.NoError(t, err)
+	assert.Equal(t, self, pid)
+	pid, err = f.find()
+	require.NoError(t, err)
+	assert.Equal(t, self, pid, "found again from the remembered id")
+	want = []string{"no such process"}
+	_, err = f.find()
+	assert.Error(t, err)
+	assert.Zero(t, f.pid, "forgotten once it no longer matches")
 }

@@ -323,8 +323,8 @@ func (r *Report) projectorSummaries() []ProjectorSummary {
 // waited to run once runnable (the service's when it ran in the bench's
 // process).
 type CPUSummary struct {
-	Phase                             string
-	Machine, Process, Redis, Postgres float64
+	Phase                                   string
+	Machine, Process, Redis, Postgres, NATS float64
 	// Kernel is the part of Machine spent in the kernel.
 	Kernel             float64
 	Goroutines         float64
@@ -353,6 +353,7 @@ func (r *Report) cpuSummary(p *phase) CPUSummary {
 		Process:    mean(func(s Sample) float64 { return s.ProcessCPU }),
 		Redis:      mean(func(s Sample) float64 { return s.RedisCPU }),
 		Postgres:   mean(func(s Sample) float64 { return s.PostgresCPU }),
+		NATS:       mean(func(s Sample) float64 { return s.NATSCPU }),
 		Goroutines: mean(func(s Sample) float64 { return float64(s.Goroutines) }),
 		SchedP50:   schedQuantile(p.schedBefore, p.schedAfter, 0.5),
 		SchedP99:   schedQuantile(p.schedBefore, p.schedAfter, 0.99),
@@ -375,6 +376,9 @@ func (r *Report) fanoutSummary() FanoutSummary {
 	return f
 }
 
+// resourceHeap is the service's Go heap's row of the resources.
+const resourceHeap = "service Go heap in use"
+
 func (r *Report) resourceSummaries() []ResourceSummary {
 	mixed := r.mixedSamples()
 	get := []struct {
@@ -383,7 +387,8 @@ func (r *Report) resourceSummaries() []ResourceSummary {
 	}{
 		{"Redis used_memory", func(s Sample) int64 { return s.RedisMemory }},
 		{"Postgres database size", func(s Sample) int64 { return s.PostgresSize }},
-		{"service Go heap in use", func(s Sample) int64 { return s.Heap }},
+		{resourceHeap, func(s Sample) int64 { return s.Heap }},
+		{"NATS server resident memory", func(s Sample) int64 { return s.NATSMemory }},
 	}
 	var out []ResourceSummary
 	for _, g := range get {
@@ -450,7 +455,10 @@ func (r *Report) targets(s Summary) []TargetCheck {
 		}
 	}
 	reads := s.Feed[1]
-	heap := s.Resources[2]
+	heap := ResourceSummary{Name: resourceHeap, Start: -1, End: -1}
+	if i := slices.IndexFunc(s.Resources, func(rs ResourceSummary) bool { return rs.Name == resourceHeap }); i >= 0 {
+		heap = s.Resources[i]
+	}
 	out := []TargetCheck{
 		fresh(s.Fresh[0], 250*time.Millisecond),
 		fresh(s.Fresh[1], 2*time.Second),

@@ -140,6 +140,11 @@ type Target struct {
 	PostgresSize func(context.Context) (int64, error)
 	// RedisCPU and PostgresCPU are the CPU time the servers have used.
 	RedisCPU, PostgresCPU func(context.Context) (time.Duration, error)
+	// NATSCPU and NATSMemory are the CPU time and the resident memory of the
+	// NATS server when it runs on this machine as a process of its own (the
+	// service's child `feed nats`); nil when it is not known.
+	NATSCPU    func(context.Context) (time.Duration, error)
+	NATSMemory func(context.Context) (int64, error)
 	// Redis and JetStream are the servers the raw limits are measured on.
 	Redis     redis.UniversalClient
 	JetStream jetstream.JetStream

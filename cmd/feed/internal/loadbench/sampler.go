@@ -31,13 +31,14 @@ type Sample struct {
 	// CPU since the previous sample, in cores (-1 unknown): the machine's,
 	// the feed process's (the service, and the bench when it started the
 	// service in its own process), Redis' (at most 1: it runs commands on one
-	// thread) and Postgres'.
-	MachineCPU, ProcessCPU, RedisCPU, PostgresCPU float64
+	// thread), Postgres' and the NATS server's (the service's child process).
+	MachineCPU, ProcessCPU, RedisCPU, PostgresCPU, NATSCPU float64
 	// KernelCPU is the part of MachineCPU spent in the kernel (-1 unknown).
 	KernelCPU float64
-	// RedisMemory (used_memory), PostgresSize (the database) and Heap (the
-	// service's Go heap in use) in bytes; -1 when unavailable.
-	RedisMemory, PostgresSize, Heap int64
+	// RedisMemory (used_memory), PostgresSize (the database), Heap (the
+	// service's Go heap in use) and NATSMemory (the NATS server's resident
+	// set) in bytes; -1 when unavailable.
+	RedisMemory, PostgresSize, Heap, NATSMemory int64
 	// Goroutines is the service's go_goroutines; -1 unknown.
 	Goroutines int64
 }
@@ -111,8 +112,8 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 		At: now.Sub(start), Stage: s.r.stageName(),
 		Commands:    float64(next.commands-prev.commands) / secs,
 		Reads:       float64(next.reads-prev.reads) / secs,
-		RedisMemory: -1, PostgresSize: -1, Heap: -1, Goroutines: -1,
-		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1, KernelCPU: -1,
+		RedisMemory: -1, PostgresSize: -1, Heap: -1, NATSMemory: -1, Goroutines: -1,
+		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1, NATSCPU: -1, KernelCPU: -1,
 	}
 	if busy, kernel, total, err := machineCPU(); err == nil {
 		next.cpuBusy, next.cpuKernel, next.cpuTotal = busy, kernel, total
@@ -161,16 +162,22 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 		smp.ReadModelRate = max(0, next.readModel-prev.readModel) / secs
 		smp.FeedsRate = max(0, next.applied-prev.applied) / secs
 	}
-	if t.RedisMemory != nil {
-		if v, err := t.RedisMemory(ctx); err == nil {
-			smp.RedisMemory = v
+	for _, probe := range []struct {
+		f   func(context.Context) (int64, error)
+		dst *int64
+	}{{t.RedisMemory, &smp.RedisMemory}, {t.NATSMemory, &smp.NATSMemory}} {
+		if probe.f == nil {
+			continue
+		}
+		if v, err := probe.f(ctx); err == nil {
+			*probe.dst = v
 		}
 	}
 	for _, probe := range []struct {
 		name string
 		f    func(context.Context) (time.Duration, error)
 		dst  *float64
-	}{{"redis", t.RedisCPU, &smp.RedisCPU}, {"postgres", t.PostgresCPU, &smp.PostgresCPU}} {
+	}{{"redis", t.RedisCPU, &smp.RedisCPU}, {"postgres", t.PostgresCPU, &smp.PostgresCPU}, {"nats", t.NATSCPU, &smp.NATSCPU}} {
 		if probe.f == nil {
 			continue
 		}

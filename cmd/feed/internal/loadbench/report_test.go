@@ -1,0 +1,105 @@
+package loadbench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// reportWith is a report of a short run whose mixed phase has the samples
+// that sample gives (i counts from 0).
+func reportWith(n int, sample func(i int) Sample) *Report {
+	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := &Report{
+		Config:  Config{Duration: time.Duration(n) * time.Second, ReadDuration: time.Second, FreshTimeout: time.Second, DrainTimeout: time.Minute},
+		Started: start, Finished: start.Add(time.Minute),
+		Warmup: newPhase("warm-up", start, start),
+		Mixed:  newPhase("mixed", start, start.Add(time.Duration(n)*time.Second)),
+		Reads:  newPhase("reads", start, start.Add(time.Second)),
+	}
+	for i := range n {
+		s := sample(i)
+		s.At, s.Stage = time.Duration(i+1)*time.Second, "mixed"
+		r.Samples = append(r.Samples, s)
+	}
+	return r
+}
+
+func knownSample(i int) Sample {
+	return Sample{
+		MachineCPU: 4, KernelCPU: 1, ProcessCPU: 1.5, RedisCPU: 0.5, PostgresCPU: 0.75, NATSCPU: 0.25,
+		RedisMemory: 10 << 20, PostgresSize: 20 << 20, Heap: 30 << 20, NATSMemory: int64(40+i) << 20, Goroutines: 100,
+	}
+}
+
+func cpuRow(t *testing.T, md, phase string) []string {
+	t.Helper()
+	for line := range strings.SplitSeq(md, "\n") {
+		if cells := strings.Split(line, " | "); strings.HasPrefix(line, "| "+phase+" | ") && len(cells) == 11 {
+			return cells
+		}
+	}
+	require.Failf(t, "no CPU row", "phase %s in\n%s", phase, md)
+	return nil
+}
+
+func TestReportShowsTheNATSProcess(t *testing.T) {
+	r := reportWith(8, knownSample)
+	s := r.Summary()
+
+	names := make([]string, len(s.Resources))
+	for i, rs := range s.Resources {
+		names[i] = rs.Name
+	}
+	assert.Equal(t, []string{"Redis used_memory", "Postgres database size", "service Go heap in use", "NATS server resident memory"}, names)
+	nats := s.Resources[3]
+	assert.Equal(t, int64(40<<20)+(1<<19), nats.Start, "mean of the first quarter: 40 and 41 MiB")
+	assert.Equal(t, int64(46<<20)+(1<<19), nats.End)
+	assert.InDelta(t, 6.0*(1<<20)/(7.0*3/4/60), nats.GrowthPerMin, 1)
+	assert.InDelta(t, 0.25, s.CPU[0].NATS, 1e-9)
+
+	// The heap's target still reads the heap's row.
+	heap := s.Targets[len(s.Targets)-1]
+	assert.Contains(t, heap.Target, "Go heap")
+	assert.Equal(t, "30.0 MiB → 30.0 MiB", heap.Measured)
+	assert.True(t, heap.Met)
+
+	var b bytes.Buffer
+	require.NoError(t, r.WriteMarkdown(&b))
+	md := b.String()
+	assert.Contains(t, md, "| feed process | Redis | Postgres | NATS | anything else |")
+	assert.Contains(t, md, "| NATS server resident memory | 40.5 MiB | 46.5 MiB |")
+	assert.Contains(t, md, "`feed nats`")
+	row := cpuRow(t, md, "mixed")
+	assert.Equal(t, []string{"4.00", "1.00", "1.50", "0.50", "0.75", "0.25", "1.00"}, row[1:8],
+		"anything else is the machine less the feed process, Redis, Postgres and NATS")
+}
+
+func TestReportWithoutTheNATSProcess(t *testing.T) {
+	// An external NATS_URL: NATS is unknown and stays in anything else.
+	r := reportWith(8, func(i int) Sample {
+		s := knownSample(i)
+		s.NATSCPU, s.NATSMemory = -1, -1
+		return s
+	})
+	s := r.Summary()
+	assert.Negative(t, s.CPU[0].NATS, "unknown")
+	assert.Equal(t, int64(-1), s.Resources[3].Start)
+
+	var b bytes.Buffer
+	require.NoError(t, r.WriteMarkdown(&b))
+	md := b.String()
+	assert.Contains(t, md, "| NATS server resident memory | unknown | unknown | unknown |")
+	row := cpuRow(t, md, "mixed")
+	assert.Equal(t, []string{"unknown", "1.25"}, row[6:8])
+}
+
+func TestChartDrawsTheNATSMemory(t *testing.T) {
+	var b bytes.Buffer
+	require.NoError(t, reportWith(4, knownSample).WriteChart(&b))
+	assert.True(t, bytes.HasPrefix(b.Bytes(), []byte("\x89PNG")))
+}

@@ -1,0 +1,174 @@
+package localstack
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// natsStopGrace is how long a NATS child gets to flush its store and exit
+// after SIGTERM before its process group is killed.
+const natsStopGrace = 15 * time.Second
+
+// NATSProcess is the embedded server of StartNATS run in a child process of
+// its own: a program that calls RunNATS with the arguments StartNATSProcess
+// gives it (this project's binary, as `feed nats`). Its heap and garbage
+// collection are then its own, as a deployed NATS server's are: JetStream's
+// indexes (a subject per post, the dedup window's ids, block caches) grow
+// with the log, and in the service's process they were collected, and
+// counted, with the service's memory.
+type NATSProcess struct {
+	proc *child
+	port int
+}
+
+// StartNATSProcess starts argv (a binary and the arguments that make it call
+// RunNATS with the rest) with cfg's store, port and sync policy, and waits
+// until it serves JetStream. Like Redis and Postgres, the child has its own
+// process group and is killed by the kernel if this process dies.
+func StartNATSProcess(ctx context.Context, argv []string, cfg NATSConfig, log *slog.Logger) (*NATSProcess, error) {
+	if len(argv) == 0 {
+		return nil, errors.New("start nats: no command")
+	}
+	dir, err := absDir(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("start nats: store dir: %w", err)
+	}
+	cfg.Dir = dir
+	n, err := startNATSProcessOnce(ctx, argv, cfg, log)
+	if errors.Is(err, errAddrInUse) && cfg.Port == 0 {
+		// Someone took the port we picked before the child bound it.
+		log.Info("nats port taken, retrying with another", "component", "nats")
+		n, err = startNATSProcessOnce(ctx, argv, cfg, log)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start nats: %w", err)
+	}
+	log.Info("nats started", "component", "nats", "url", n.ClientURL(), "store_dir", dir, "sync_always", cfg.SyncAlways, "pid", n.PID())
+	return n, nil
+}
+
+func startNATSProcessOnce(ctx context.Context, argv []string, cfg NATSConfig, log *slog.Logger) (*NATSProcess, error) {
+	if cfg.Port == 0 {
+		var err error
+		if cfg.Port, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	args := append(append([]string(nil), argv[1:]...), cfg.args()...)
+	proc, err := startChild("nats", exec.Command(argv[0], args...), log)
+	if err != nil {
+		return nil, err
+	}
+	n := &NATSProcess{proc: proc, port: cfg.Port}
+	if err := proc.waitReady(ctx, natsReadyTimeout, n.ping); err != nil {
+		_ = proc.stop(syscall.SIGKILL, time.Second)
+		return nil, err
+	}
+	return n, nil
+}
+
+// ping connects and asks for the JetStream account: the server is up and its
+// store is open.
+func (n *NATSProcess) ping(ctx context.Context) error {
+	nc, err := nats.Connect(n.ClientURL(), nats.Timeout(time.Second), nats.NoReconnect())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	_, err = js.AccountInfo(ctx)
+	return err
+}
+
+// ClientURL is the URL clients connect to, e.g. "nats://127.0.0.1:4222".
+func (n *NATSProcess) ClientURL() string {
+	return "nats://" + loopback + ":" + strconv.Itoa(n.port)
+}
+
+// PID is the child's process id.
+func (n *NATSProcess) PID() int { return n.proc.pid() }
+
+// Stop asks the server to shut down (SIGTERM), waits for it and kills it if
+// it takes too long. It is idempotent.
+func (n *NATSProcess) Stop() error { return n.proc.stop(syscall.SIGTERM, natsStopGrace) }
+
+// args are the flags that give RunNATS this configuration.
+func (c NATSConfig) args() []string {
+	out := []string{"--dir", c.Dir, "--port", strconv.Itoa(c.Port)}
+	if c.Host != "" {
+		out = append(out, "--host", c.Host)
+	}
+	if c.SyncAlways {
+		out = append(out, "--sync", "always")
+	} else if c.SyncInterval > 0 {
+		out = append(out, "--sync", c.SyncInterval.String())
+	}
+	if c.MaxPayload > 0 {
+		out = append(out, "--max-payload", strconv.Itoa(int(c.MaxPayload)))
+	}
+	return out
+}
+
+// RunNATS is the child's side of StartNATSProcess: it parses the flags that
+// StartNATSProcess passes (def gives their defaults), runs the embedded server
+// (StartNATS) until ctx ends, then shuts it down.
+func RunNATS(ctx context.Context, args []string, def NATSConfig, stderr io.Writer, log *slog.Logger) error {
+	fs := flag.NewFlagSet("nats", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg := def
+	sync := "always"
+	if !def.SyncAlways && def.SyncInterval > 0 {
+		sync = def.SyncInterval.String()
+	}
+	if cfg.Host == "" {
+		cfg.Host = loopback
+	}
+	var maxPayload int
+	fs.StringVar(&cfg.Dir, "dir", cfg.Dir, "JetStream store directory")
+	fs.StringVar(&cfg.Host, "host", cfg.Host, "listen address")
+	fs.IntVar(&cfg.Port, "port", cfg.Port, "client port; 0 picks a free one")
+	fs.StringVar(&sync, "sync", sync, "fsync policy: always (acknowledged = on disk), or an interval such as 2m")
+	fs.IntVar(&maxPayload, "max-payload", int(cfg.MaxPayload), "largest message in bytes, headers included; 0 keeps the server's default (1 MiB)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("nats: unexpected arguments %q", fs.Args())
+	}
+	if cfg.Dir == "" {
+		return errors.New("nats: --dir is required")
+	}
+	cfg.SyncAlways, cfg.SyncInterval = sync == "always", 0
+	if !cfg.SyncAlways {
+		d, err := time.ParseDuration(sync)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("nats: --sync %q is not always or a positive duration", sync)
+		}
+		cfg.SyncInterval = d
+	}
+	if maxPayload < 0 || maxPayload > 64<<20 {
+		return fmt.Errorf("nats: --max-payload %d is not between 0 and 64 MiB", maxPayload)
+	}
+	cfg.MaxPayload = int32(maxPayload)
+	ns, err := StartNATS(cfg, log)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	ns.Shutdown()
+	return nil
+}

@@ -1,0 +1,67 @@
+package localstack_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack"
+)
+
+// natsArgv runs this test binary as the child, which TestMain turns into
+// RunNATS (as `feed nats` does in the service's binary).
+func natsArgv() []string { return []string{os.Args[0], "nats"} }
+
+// TestNATSProcessServesAndKeepsItsStore: the child serves JetStream on its
+// own port, in a process of its own, and a stop (SIGTERM) followed by a
+// start on the same store keeps what was acknowledged.
+func TestNATSProcessServesAndKeepsItsStore(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	n, err := localstack.StartNATSProcess(ctx, natsArgv(), localstack.NATSConfig{Dir: dir, SyncAlways: true}, testLogger(t))
+	require.NoError(t, err)
+	assert.NotEqual(t, os.Getpid(), n.PID())
+	publishKept(ctx, t, n.ClientURL())
+	require.NoError(t, n.Stop(), "a clean stop")
+	require.NoError(t, n.Stop(), "idempotent")
+	assert.True(t, processGone(n.PID()))
+
+	n, err = localstack.StartNATSProcess(ctx, natsArgv(), localstack.NATSConfig{Dir: dir}, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Stop() })
+	requireKept(ctx, t, n.ClientURL())
+}
+
+// TestRunNATSRejectsBadFlags: `feed nats` explains a bad flag instead of
+// starting a server.
+func TestRunNATSRejectsBadFlags(t *testing.T) {
+	t.Parallel()
+	quiet := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no store", []string{"--port", "0"}, "--dir is required"},
+		{"sync", []string{"--dir", t.TempDir(), "--sync", "sometimes"}, `--sync "sometimes"`},
+		{"negative sync", []string{"--dir", t.TempDir(), "--sync", "-1s"}, `--sync "-1s"`},
+		{"payload", []string{"--dir", t.TempDir(), "--max-payload", "-1"}, "--max-payload -1"},
+		{"stray argument", []string{"--dir", t.TempDir(), "extra"}, "unexpected arguments"},
+		{"unknown flag", []string{"--dir", t.TempDir(), "--nope"}, "not defined"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := localstack.RunNATS(context.Background(), tc.args, localstack.NATSConfig{}, io.Discard, quiet)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
