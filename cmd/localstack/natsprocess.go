@@ -16,6 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// natsPortWait is how long StartNATSProcess waits for a fixed port to be
+// released before it gives up.
+const natsPortWait = 2 * time.Second
+
 // natsStopGrace is how long a NATS child gets to flush its store and exit
 // after SIGTERM before its process group is killed.
 const natsStopGrace = 15 * time.Second
@@ -49,6 +53,16 @@ func StartNATSProcess(ctx context.Context, argv []string, cfg NATSConfig, log *s
 	if errors.Is(err, errAddrInUse) && cfg.Port == 0 {
 		// Someone took the port we picked before the child bound it.
 		log.Info("nats port taken, retrying with another", "component", "nats")
+		n, err = startNATSProcessOnce(ctx, argv, cfg, log)
+	}
+	// A fixed port may still be held by the server of a process that has just
+	// died (killed with it, it is exiting): a restart waits a moment for it.
+	for deadline := time.Now().Add(natsPortWait); errors.Is(err, errAddrInUse) && cfg.Port != 0 && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("start nats: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 		n, err = startNATSProcessOnce(ctx, argv, cfg, log)
 	}
 	if err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -64,4 +66,20 @@ func TestRunNATSRejectsBadFlags(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+// TestNATSProcessWaitsForItsFixedPort: a restart on a fixed port that the
+// server of a process just killed still holds waits for the port.
+func TestNATSProcessWaitsForItsFixedPort(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	released := time.AfterFunc(500*time.Millisecond, func() { _ = l.Close() })
+	defer released.Stop()
+
+	n, err := localstack.StartNATSProcess(context.Background(), natsArgv(), localstack.NATSConfig{Dir: t.TempDir(), Port: port}, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Stop() })
+	assert.Equal(t, "nats://127.0.0.1:"+strconv.Itoa(port), n.ClientURL())
 }
