@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -268,7 +269,12 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		logger.Info("garbage collector target (GOGC, when set, takes precedence)", "gogc", pct)
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(
+		// go_gc_heap_live_bytes besides the defaults: what the last collection
+		// found live, the heap's own size whatever GOGC lets it grow to.
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	in, err := startInfra(ctx, cfg, dev, logger, reg)
 	if err != nil {

@@ -25,6 +25,7 @@ var (
 	green  = color.RGBA{R: 44, G: 160, B: 44, A: 255}
 	red    = color.RGBA{R: 214, G: 39, B: 40, A: 255}
 	grey   = color.Gray{Y: 170}
+	purple = color.RGBA{R: 148, G: 103, B: 189, A: 255}
 )
 
 // WriteChart draws the run over time as a PNG: throughput, projector lag and
@@ -49,6 +50,8 @@ func (r *Report) WriteChart(w io.Writer) error {
 		{"Memory", "MiB", []series{
 			{"Redis used_memory", func(s Sample) float64 { return mib(s.RedisMemory) }, red},
 			{"service Go heap in use", func(s Sample) float64 { return mib(s.Heap) }, blue},
+			{"service Go heap live", func(s Sample) float64 { return mib(s.HeapLive) }, purple},
+			{"service resident", func(s Sample) float64 { return mib(s.RSS) }, grey},
 			{"Postgres database", func(s Sample) float64 { return mib(s.PostgresSize) }, green},
 			{"NATS server resident", func(s Sample) float64 { return mib(s.NATSMemory) }, orange},
 		}},

@@ -158,7 +158,10 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 	}
 	fmt.Fprintf(b, "\nRedis grows until inboxes and outboxes reach their caps; Postgres keeps every post. The NATS server's "+
 		"resident memory (a process of its own, `feed nats`, when the service started it) holds JetStream's indexes and caches, "+
-		"which grow with the log.\n\n")
+		"which grow with the log. The service's Go heap in use swings between what is live and several times that (GOGC); "+
+		"what its last collection found live (`go_gc_heap_live_bytes`) and its resident memory are what the memory target reads. "+
+		"Its caches of posts, like states and pages fill up to their bounds in the first minutes at these rates: "+
+		"a soak that is to show a flat heap starts after a warm-up (`--warmup`).\n\n")
 	cores := func(v float64) string {
 		if v < 0 {
 			return "unknown"

@@ -33,6 +33,7 @@ func knownSample(i int) Sample {
 	return Sample{
 		MachineCPU: 4, KernelCPU: 1, ProcessCPU: 1.5, RedisCPU: 0.5, PostgresCPU: 0.75, NATSCPU: 0.25,
 		RedisMemory: 10 << 20, PostgresSize: 20 << 20, Heap: 30 << 20, NATSMemory: int64(40+i) << 20, Goroutines: 100,
+		HeapLive: 8 << 20, RSS: 50 << 20,
 	}
 }
 
@@ -55,18 +56,18 @@ func TestReportShowsTheNATSProcess(t *testing.T) {
 	for i, rs := range s.Resources {
 		names[i] = rs.Name
 	}
-	assert.Equal(t, []string{"Redis used_memory", "Postgres database size", "service Go heap in use", "NATS server resident memory"}, names)
+	assert.Equal(t, []string{"Redis used_memory", "Postgres database size", "service Go heap in use", "NATS server resident memory",
+		"service Go heap live (after a collection)", "service resident memory"}, names)
 	nats := s.Resources[3]
 	assert.Equal(t, int64(40<<20)+(1<<19), nats.Start, "mean of the first quarter: 40 and 41 MiB")
 	assert.Equal(t, int64(46<<20)+(1<<19), nats.End)
 	assert.InDelta(t, 6.0*(1<<20)/(7.0*3/4/60), nats.GrowthPerMin, 1)
 	assert.InDelta(t, 0.25, s.CPU[0].NATS, 1e-9)
 
-	// The heap's target still reads the heap's row.
-	heap := s.Targets[len(s.Targets)-1]
-	assert.Contains(t, heap.Target, "Go heap")
-	assert.Equal(t, "30.0 MiB → 30.0 MiB", heap.Measured)
-	assert.True(t, heap.Met)
+	mem := s.Targets[len(s.Targets)-1]
+	assert.Contains(t, mem.Target, "memory flat")
+	assert.Equal(t, "live heap 8.0 MiB → 8.0 MiB, resident 50.0 MiB → 50.0 MiB", mem.Measured)
+	assert.True(t, mem.Met)
 
 	var b bytes.Buffer
 	require.NoError(t, r.WriteMarkdown(&b))
@@ -102,4 +103,31 @@ func TestChartDrawsTheNATSMemory(t *testing.T) {
 	var b bytes.Buffer
 	require.NoError(t, reportWith(4, knownSample).WriteChart(&b))
 	assert.True(t, bytes.HasPrefix(b.Bytes(), []byte("\x89PNG")))
+}
+
+// TestMemoryTargetReadsTheLiveHeapAndTheResidentSet: the heap in use swings
+// with GOGC and does not decide; the live heap and the resident set each do.
+func TestMemoryTargetReadsTheLiveHeapAndTheResidentSet(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		sample func(i int, s *Sample)
+		met    bool
+	}{
+		{"flat, heap in use swinging", func(i int, s *Sample) { s.Heap = int64(30+40*(i%2)) << 20 }, true},
+		{"live heap grows", func(i int, s *Sample) { s.HeapLive = int64(8+i) << 20 }, false},
+		{"resident set grows", func(i int, s *Sample) { s.RSS = int64(50+4*i) << 20 }, false},
+		{"live heap unknown", func(_ int, s *Sample) { s.HeapLive = -1 }, false},
+		{"resident set unknown", func(_ int, s *Sample) { s.RSS = -1 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := reportWith(8, func(i int) Sample {
+				smp := knownSample(i)
+				tc.sample(i, &smp)
+				return smp
+			}).Summary()
+			mem := s.Targets[len(s.Targets)-1]
+			require.Contains(t, mem.Target, "memory flat")
+			assert.Equal(t, tc.met, mem.Met, mem.Measured)
+		})
+	}
 }

@@ -36,9 +36,10 @@ type Sample struct {
 	// KernelCPU is the part of MachineCPU spent in the kernel (-1 unknown).
 	KernelCPU float64
 	// RedisMemory (used_memory), PostgresSize (the database), Heap (the
-	// service's Go heap in use) and NATSMemory (the NATS server's resident
+	// service's Go heap in use), HeapLive (what its last collection found
+	// live), RSS (its resident set) and NATSMemory (the NATS server's resident
 	// set) in bytes; -1 when unavailable.
-	RedisMemory, PostgresSize, Heap, NATSMemory int64
+	RedisMemory, PostgresSize, Heap, HeapLive, RSS, NATSMemory int64
 	// Goroutines is the service's go_goroutines; -1 unknown.
 	Goroutines int64
 }
@@ -112,7 +113,7 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 		At: now.Sub(start), Stage: s.r.stageName(),
 		Commands:    float64(next.commands-prev.commands) / secs,
 		Reads:       float64(next.reads-prev.reads) / secs,
-		RedisMemory: -1, PostgresSize: -1, Heap: -1, NATSMemory: -1, Goroutines: -1,
+		RedisMemory: -1, PostgresSize: -1, Heap: -1, HeapLive: -1, RSS: -1, NATSMemory: -1, Goroutines: -1,
 		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1, NATSCPU: -1, KernelCPU: -1,
 	}
 	if busy, kernel, total, err := machineCPU(); err == nil {
@@ -125,8 +126,17 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 	}
 	m, _ := s.r.api.metrics(ctx) // a failed scrape leaves the figures unknown
 	if m != nil {
-		if v, ok := m["go_memstats_heap_inuse_bytes"]; ok && len(v.GetMetric()) > 0 {
-			smp.Heap = int64(m.sum("go_memstats_heap_inuse_bytes"))
+		for _, g := range []struct {
+			name string
+			dst  *int64
+		}{
+			{"go_memstats_heap_inuse_bytes", &smp.Heap},
+			{"go_gc_heap_live_bytes", &smp.HeapLive},
+			{"process_resident_memory_bytes", &smp.RSS},
+		} {
+			if v, ok := m[g.name]; ok && len(v.GetMetric()) > 0 {
+				*g.dst = int64(m.sum(g.name))
+			}
 		}
 		if v, ok := m["go_goroutines"]; ok && len(v.GetMetric()) > 0 {
 			smp.Goroutines = int64(m.sum("go_goroutines"))
