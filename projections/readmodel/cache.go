@@ -62,11 +62,15 @@ type Cache struct {
 	// has dropped what it touched.
 	seen uint64
 	// floor is the lowest asOf a fill may have to be kept; model is the highest
-	// asOf a read has reported, and modelBefore its value at the last prune.
+	// position of the read model seen (a read's asOf, or its checkpoint read
+	// on its own: see watchModel), and modelBefore its value at the last prune.
 	floor, model, modelBefore uint64
 	pruned                    time.Time
-	posts                     *simplelru.LRU[domain.PostID, cachedPost]
-	likes                     *simplelru.LRU[viewerLike, cachedLike]
+	// pruneEvery is how often prune forgets marks, and watchModel reads the
+	// read model's position (pruneInterval; tests shorten it).
+	pruneEvery time.Duration
+	posts      *simplelru.LRU[domain.PostID, cachedPost]
+	likes      *simplelru.LRU[viewerLike, cachedLike]
 	// dirty marks each post with the last event heard of on it (a like's mark
 	// is its post's: a like changes the post's count too).
 	dirty map[domain.PostID]uint64
@@ -125,8 +129,9 @@ type cachedLike struct {
 	at    time.Time
 }
 
-// pruneEvery is how often dirty marks the read model has passed are forgotten.
-const pruneEvery = time.Second
+// pruneInterval is how often dirty marks the read model has passed are
+// forgotten.
+const pruneInterval = time.Second
 
 // NewCache returns a cache over store, to be kept current by Run; reg (if not
 // nil) gets its hit and miss counts.
@@ -156,7 +161,7 @@ func NewCache(store *Store, log *events.Log, cfg CacheConfig, reg prometheus.Reg
 	c := &Cache{
 		store: store, log: log, cfg: cfg, logger: logger,
 		hits: lookups.WithLabelValues("hit"), misses: lookups.WithLabelValues("miss"),
-		wake: make(chan struct{}, 1),
+		wake: make(chan struct{}, 1), pruneEvery: pruneInterval,
 	}
 	c.reset(0)
 	return c
@@ -177,12 +182,16 @@ func (c *Cache) reset(floor uint64) {
 // Run follows the log and keeps the cache current until ctx ends. When it
 // cannot follow the log, the cache serves nothing until it can again.
 func (c *Cache) Run(ctx context.Context) error {
-	refreshing := make(chan struct{})
+	refreshing, watching := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(refreshing)
 		c.refresh(ctx)
 	}()
-	defer func() { <-refreshing }()
+	go func() {
+		defer close(watching)
+		c.watchModel(ctx)
+	}()
+	defer func() { <-refreshing; <-watching }()
 	const firstBackoff = 100 * time.Millisecond
 	backoff := firstBackoff
 	for {
@@ -341,7 +350,7 @@ func (c *Cache) prune(now time.Time) {
 		c.reset(c.seen)
 		return
 	}
-	if now.Sub(c.pruned) < pruneEvery {
+	if now.Sub(c.pruned) < c.pruneEvery {
 		return
 	}
 	passed := c.modelBefore
@@ -353,6 +362,34 @@ func (c *Cache) prune(now time.Time) {
 	c.floor = max(c.floor, passed)
 	c.modelBefore = c.model
 	c.pruned = now
+}
+
+// watchModel reads the read model's position every pruneEvery until ctx
+// ends, for prune: a read begun after it reflects every event up to it, as a
+// read that reports its asOf does. Without it the marks were only ever
+// forgotten past what reads from Postgres reported, and a cache that served
+// every page from memory (new posts go in at their creation) kept all its
+// marks until MaxDirty, then started over, sending every page's posts to
+// Postgres at once.
+func (c *Cache) watchModel(ctx context.Context) {
+	t := time.NewTicker(c.pruneEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pos, err := c.store.Position(ctx)
+		if err != nil {
+			continue // reads still report theirs; the next tick tries again
+		}
+		c.mu.Lock()
+		if c.live {
+			c.model = max(c.model, pos)
+		}
+		c.mu.Unlock()
+	}
 }
 
 // Posts hydrates ids for viewer (0: anonymous) like Store.Posts, but as a

@@ -32,14 +32,22 @@ type cacheWorld struct {
 
 func newCacheWorld(t *testing.T, cfg readmodel.CacheConfig, reg prometheus.Registerer, beforeFill func()) *cacheWorld {
 	t.Helper()
+	return newCacheWorldWith(t, cfg, reg, func(c *readmodel.Cache) {
+		if beforeFill != nil {
+			readmodel.SetBeforeFill(c, beforeFill)
+		}
+	})
+}
+
+// newCacheWorldWith is newCacheWorld with set run on the cache before it runs.
+func newCacheWorldWith(t *testing.T, cfg readmodel.CacheConfig, reg prometheus.Registerer, set func(*readmodel.Cache)) *cacheWorld {
+	t.Helper()
 	log := pjLog(t)
 	pool := openPool(t, nil)
 	w := &cacheWorld{log: log, pool: pool, store: readmodel.NewStore(pool)}
 	liveRunner(t, log, readmodel.NewProjector(pool, nil))
 	w.cache = readmodel.NewCache(w.store, log, cfg, reg, slog.New(slog.DiscardHandler))
-	if beforeFill != nil {
-		readmodel.SetBeforeFill(w.cache, beforeFill)
-	}
+	set(w.cache)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.cache.Run(ctx) }()
@@ -384,4 +392,39 @@ func TestCacheHoldsNewPostsFromTheirCreation(t *testing.T) {
 	}
 	// A liker's own like state is known from its like.
 	assert.Equal(t, 2, int(cacheLookups(t, reg, "miss")), "the post past MaxLikers, once per viewer but its liker")
+}
+
+// TestCacheForgetsMarksWithoutReadsFromPostgres: a cache that serves every
+// post from memory (each went in at its creation) still forgets the marks of
+// events the read model has applied. It used to learn the read model's
+// position only from reads from Postgres, so here it kept every creation's
+// mark until MaxDirty and started over, dropping every post it held: at 500
+// posts/s that was every 400 s, each time sending every page's posts to
+// Postgres at once.
+func TestCacheForgetsMarksWithoutReadsFromPostgres(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	const prune = 50 * time.Millisecond
+	w := newCacheWorldWith(t, readmodel.CacheConfig{MaxDirty: 20}, reg, func(c *readmodel.Cache) {
+		readmodel.SetPruneEvery(c, prune)
+	})
+	var ids []domain.PostID
+	for round := range 4 {
+		for i := range 10 {
+			id := domain.PostID(4_000_001 + 10*round + i)
+			w.append(t, events.PostCreated{PostID: id, UserID: domain.UserID(i + 1), Caption: "x", CreatedAt: time.Now(),
+				Media: []events.Media{{Key: fmt.Sprintf("%064d.png", id), ContentType: "image/png", Width: 1, Height: 1, Size: 1}}})
+			ids = append(ids, id)
+		}
+		w.settled(t)
+		// Marks are forgotten at the second prune after the read model is seen
+		// past them; prunes happen as events are heard of.
+		for j := range 3 {
+			time.Sleep(3 * prune)
+			w.append(t, events.UserFollowed{FollowerID: domain.UserID(9000 + 10*round + j), FolloweeID: 9999})
+			w.settled(t)
+		}
+	}
+	w.same(t, ids, 0)
+	assert.Zero(t, cacheLookups(t, reg, "miss"), "posts went to Postgres: the cache started over")
+	assert.Equal(t, len(ids), int(cacheLookups(t, reg, "hit")))
 }

@@ -2,6 +2,7 @@ package readmodel
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -11,6 +12,10 @@ import (
 // SetBeforeFill makes c run f between each read from Postgres and its fill, so
 // a test can let events overtake a read. Set it before c is used.
 func SetBeforeFill(c *Cache, f func()) { c.beforeFill = f }
+
+// SetPruneEvery makes c forget its marks, and read the read model's
+// position, every d instead of every second. Set it before Run.
+func SetPruneEvery(c *Cache, d time.Duration) { c.pruneEvery = d }
 
 // AllPostIDs lists every post in s, deleted or not, in id order.
 func AllPostIDs(ctx context.Context, s *Store) ([]domain.PostID, error) {
