@@ -55,10 +55,16 @@ func startChild(name string, cmd *exec.Cmd, log *slog.Logger) (*child, error) {
 // startChildEcho is startChild that also writes each line of the child's
 // output to echo, if not nil.
 func startChildEcho(name string, cmd *exec.Cmd, log *slog.Logger, echo io.Writer) (*child, error) {
+	return startChildLeveled(name, cmd, log, echo, nil)
+}
+
+// startChildLeveled is startChildEcho that logs each line of output at the
+// level that level gives it (debug when level is nil).
+func startChildLeveled(name string, cmd *exec.Cmd, log *slog.Logger, echo io.Writer, level func(line string) slog.Level) (*child, error) {
 	c := &child{
 		name: name,
 		cmd:  cmd,
-		out:  &lineLogger{log: log, component: name, echo: echo},
+		out:  &lineLogger{log: log, component: name, echo: echo, level: level},
 		log:  log,
 		done: make(chan struct{}),
 	}
@@ -216,6 +222,8 @@ type lineLogger struct {
 	log       *slog.Logger
 	component string
 	echo      io.Writer
+	// level, if set, is the level a line is logged at; else debug.
+	level func(line string) slog.Level
 
 	mu      sync.Mutex
 	partial []byte
@@ -252,7 +260,11 @@ func (l *lineLogger) emit(line string) {
 	if strings.TrimSpace(line) == "" {
 		return
 	}
-	l.log.Debug(line, "component", l.component)
+	lvl := slog.LevelDebug
+	if l.level != nil {
+		lvl = l.level(line)
+	}
+	l.log.Log(context.Background(), lvl, line, "component", l.component)
 	if l.echo != nil {
 		_, _ = io.WriteString(l.echo, line+"\n")
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -80,7 +81,7 @@ func startNATSProcessOnce(ctx context.Context, argv []string, cfg NATSConfig, lo
 		}
 	}
 	args := append(append([]string(nil), argv[1:]...), cfg.args()...)
-	proc, err := startChild("nats", exec.Command(argv[0], args...), log)
+	proc, err := startChildLeveled("nats", exec.Command(argv[0], args...), log, nil, childLogLevel)
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +91,19 @@ func startNATSProcessOnce(ctx context.Context, argv []string, cfg NATSConfig, lo
 		return nil, err
 	}
 	return n, nil
+}
+
+// childLogLevel is the level at which a line of the NATS child's log is
+// logged here: its warnings and errors at theirs (in the text or JSON form of
+// log/slog), so that they are seen as they were when the server ran inside
+// this process; the rest at debug, as Redis's and Postgres's output.
+func childLogLevel(line string) slog.Level {
+	for _, l := range []slog.Level{slog.LevelError, slog.LevelWarn} {
+		if strings.Contains(line, "level="+l.String()+" ") || strings.Contains(line, `"level":"`+l.String()+`"`) {
+			return l
+		}
+	}
+	return slog.LevelDebug
 }
 
 // ping connects and asks for the JetStream account: the server is up and its
