@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// natsPortWait is how long StartNATSProcess waits for a fixed port to be
-// released before it gives up.
+// natsPortWait is how long StartNATSProcess tries again on a taken port
+// before it gives up.
 const natsPortWait = 2 * time.Second
 
 // natsStopGrace is how long a NATS child gets to flush its store and exit
@@ -50,15 +50,13 @@ func StartNATSProcess(ctx context.Context, argv []string, cfg NATSConfig, log *s
 		return nil, fmt.Errorf("start nats: store dir: %w", err)
 	}
 	cfg.Dir = dir
+	// A taken port is tried again for a moment: a fixed one may still be held
+	// by the server of a process that has just died (killed with it, it is
+	// exiting), and a picked one (Port 0) was taken before the child bound it,
+	// so the next attempt picks another.
 	n, err := startNATSProcessOnce(ctx, argv, cfg, log)
-	if errors.Is(err, errAddrInUse) && cfg.Port == 0 {
-		// Someone took the port we picked before the child bound it.
-		log.Info("nats port taken, retrying with another", "component", "nats")
-		n, err = startNATSProcessOnce(ctx, argv, cfg, log)
-	}
-	// A fixed port may still be held by the server of a process that has just
-	// died (killed with it, it is exiting): a restart waits a moment for it.
-	for deadline := time.Now().Add(natsPortWait); errors.Is(err, errAddrInUse) && cfg.Port != 0 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(natsPortWait); errors.Is(err, errAddrInUse) && time.Now().Before(deadline); {
+		log.Info("nats port taken, trying again", "component", "nats", "port", cfg.Port)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("start nats: %w", ctx.Err())
