@@ -33,19 +33,21 @@ type likeKey struct {
 	user domain.UserID
 }
 
-// keys are the rows whose state a batch needs: the posts it names but does
-// not create, their likes, its follow pairs. What a batch creates (posts,
-// comments) is taken to be new, and inserted without ON CONFLICT: were one
-// there already, a duplicate of an earlier event, the insert fails and the
-// batch is applied event by event (see Apply).
+// keys are the rows whose state a batch needs and does not know (see
+// known): the posts it names but does not create, their likes, its follow
+// pairs. What a batch creates (posts, comments) is taken to be new, and
+// inserted without ON CONFLICT: were one there already, a duplicate of an
+// earlier event, the insert fails and the batch is applied event by event
+// (see Apply).
 type keys struct {
 	posts                []int64
 	likePosts, likeUsers []int64
 	followers, followees []int64
 }
 
-// keysOf lists the rows batch needs the state of, each once.
-func keysOf(batch []events.Record) keys {
+// keysOf lists the rows batch needs the state of, each once: into st those
+// kn knows (kn may be off), into the keys returned those to read.
+func keysOf(batch []events.Record, kn *known, st *state) keys {
 	var k keys
 	created := make(map[domain.PostID]bool, len(batch)/4)
 	for _, rec := range batch {
@@ -60,9 +62,15 @@ func keysOf(batch []events.Record) keys {
 		if created[id] {
 			return false
 		}
-		if _, ok := posts[id]; !ok {
-			posts[id] = struct{}{}
+		if _, ok := posts[id]; ok {
+			return true
+		}
+		posts[id] = struct{}{}
+		switch row, ok := kn.post(id); {
+		case !ok:
 			k.posts = append(k.posts, int64(id))
+		case row != noPost:
+			st.posts[id] = row == deletedPost
 		}
 		return true
 	}
@@ -70,15 +78,27 @@ func keysOf(batch []events.Record) keys {
 		if !post(l.post) {
 			return
 		}
-		if _, ok := likes[l]; !ok {
-			likes[l] = struct{}{}
+		if _, ok := likes[l]; ok {
+			return
+		}
+		likes[l] = struct{}{}
+		switch liked, ok := kn.like(l); {
+		case !ok:
 			k.likePosts, k.likeUsers = append(k.likePosts, int64(l.post)), append(k.likeUsers, int64(l.user))
+		case liked:
+			st.likes.add(l)
 		}
 	}
 	follow := func(f projections.FollowPair) {
-		if _, ok := follows[f]; !ok {
-			follows[f] = struct{}{}
+		if _, ok := follows[f]; ok {
+			return
+		}
+		follows[f] = struct{}{}
+		switch following, ok := kn.follow(f); {
+		case !ok:
 			k.followers, k.followees = append(k.followers, int64(f.Follower)), append(k.followees, int64(f.Followee))
+		case following:
+			st.follows.add(f)
 		}
 	}
 	for _, rec := range batch {
@@ -150,13 +170,12 @@ func (k keys) queueReads(b *pgx.Batch) {
 	}
 }
 
-// readState takes the results of k.queueReads.
-func (k keys) readState(results pgx.BatchResults) (*state, error) {
-	s := &state{
-		posts:   make(map[domain.PostID]bool, len(k.posts)),
-		likes:   set[likeKey]{},
-		follows: set[projections.FollowPair]{},
-	}
+func newState() *state {
+	return &state{posts: map[domain.PostID]bool{}, likes: set[likeKey]{}, follows: set[projections.FollowPair]{}}
+}
+
+// readState adds the results of k.queueReads to s.
+func (k keys) readState(results pgx.BatchResults, s *state) error {
 	var a, b int64
 	var deleted pgtype.Bool
 	if len(k.posts) > 0 {
@@ -169,7 +188,7 @@ func (k keys) readState(results pgx.BatchResults) (*state, error) {
 			}
 			return nil
 		}); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if len(k.likePosts) > 0 {
@@ -180,7 +199,7 @@ func (k keys) readState(results pgx.BatchResults) (*state, error) {
 			s.likes.add(likeKey{domain.PostID(a), domain.UserID(b)})
 			return nil
 		}); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if len(k.followers) > 0 {
@@ -191,10 +210,10 @@ func (k keys) readState(results pgx.BatchResults) (*state, error) {
 			s.follows.add(projections.FollowPair{Follower: domain.UserID(a), Followee: domain.UserID(b)})
 			return nil
 		}); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // scanEach calls fn for each row of the next result of results.
@@ -306,6 +325,15 @@ type planner struct {
 	comments  map[domain.CommentID]bool
 	likes     []likeChange
 	likeIndex map[likeKey]int
+	// after is the outcome for the posts, and likes for the likes, the
+	// batch names, until the next batch (see known.learn).
+	after []postAfter
+}
+
+// postAfter is a post as a batch leaves it.
+type postAfter struct {
+	id  domain.PostID
+	row postRow
 }
 
 // likeChange is a like a batch changes: before it and after the events so
@@ -336,6 +364,7 @@ func (pr *planner) planOf(records []events.Record, merged projections.Merged, s 
 		pr.order = make([]post, 0, len(records))
 	}
 	order, ids, index := pr.order[:0], pr.ids[:0], pr.index
+	after := pr.after[:0]
 	get := func(id domain.PostID) *post {
 		if i, ok := index[id]; ok {
 			return &order[i]
@@ -415,6 +444,14 @@ func (pr *planner) planOf(records []events.Record, merged projections.Merged, s 
 	for i := range order {
 		p := &order[i]
 		id := int64(ids[i])
+		row := noPost
+		switch {
+		case p.deleted:
+			row = deletedPost
+		case p.exists:
+			row = livePost
+		}
+		after = append(after, postAfter{ids[i], row})
 		switch {
 		case p.created:
 			n := &pl.posts
@@ -458,7 +495,7 @@ func (pr *planner) planOf(records []events.Record, merged projections.Merged, s 
 	// Keep what grew, for the next batch; the posts' media are not kept alive
 	// by it.
 	clear(order)
-	pr.order, pr.ids, pr.likes = order[:0], ids[:0], likes[:0]
+	pr.order, pr.ids, pr.likes, pr.after = order[:0], ids[:0], likes, after
 	return pl
 }
 

@@ -32,3 +32,7 @@ func AllPostIDs(ctx context.Context, s *Store) ([]domain.PostID, error) {
 
 // MaxLikers is how many likers a cached post keeps.
 const MaxLikers = maxLikers
+
+// SetCatchUpBatch makes p remember what batches of n events or more leave
+// the rows as (catchUpBatch).
+func SetCatchUpBatch(p *Projector, n int) { p.catchUp = n }

@@ -32,15 +32,19 @@ type Projector struct {
 	// one (a rebuild's switch, a restore): the runner must rewind to it, or the
 	// events between would be missing from the new one for good.
 	applied atomic.Uint64
-	// planner is the memory of planning, used again by each batch: Apply is
-	// called one batch at a time (by a Runner, by a replay), never by two
-	// goroutines at once.
+	// planner is the memory of planning, used again by each batch, and known
+	// what the batches of a catch-up leave the rows as: Apply is called one
+	// batch at a time (by a Runner, by a replay), never by two goroutines at
+	// once.
 	planner planner
+	known   known
+	// catchUp is the smallest batch that is remembered (catchUpBatch).
+	catchUp int
 }
 
 // NewProjector returns the read model projector writing to pool.
 func NewProjector(pool *pgxpool.Pool, metrics *projections.Metrics) *Projector {
-	return &Projector{pool: pool, metrics: metrics}
+	return &Projector{pool: pool, metrics: metrics, catchUp: catchUpBatch}
 }
 
 // Name implements projections.Projector.
@@ -120,6 +124,7 @@ const (
 func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool) error {
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
+		p.known.forget()
 		return fmt.Errorf("connect: %w", pgFailure(err))
 	}
 	defer conn.Release()
@@ -132,11 +137,35 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 		}
 	}()
 
-	// The lock, then (after whatever another instance committed) the rows the
-	// events after this projector's checkpoint are about.
 	applied := p.applied.Load()
 	expected := batch[after(batch, applied):]
-	keys := keysOf(expected)
+	kn := &p.known
+	switch {
+	case !bulk || len(batch) < p.catchUp:
+		// Caught up (or applying event by event): nothing is remembered.
+		kn.forget()
+	case !kn.on || kn.at != applied:
+		kn.start(applied)
+	}
+	// Whatever the outcome of a batch that does not commit, the knowledge
+	// may not hold after it.
+	committed := false
+	defer func() {
+		if !committed {
+			kn.forget()
+		}
+	}()
+	// Knowledge that starts at checkpoint 0 knows the whole read model if it
+	// is empty (as it must be: only this projector writes it, and every
+	// batch moves the checkpoint); that is checked, once.
+	checkEmpty := kn.on && applied == 0 && kn.size() == 0 && !kn.complete
+
+	// The lock, then (after whatever another instance committed) the rows the
+	// events after this projector's checkpoint are about, but for those it
+	// knows.
+	st := newState()
+	keys := keysOf(expected, kn, st)
+
 	var reads pgx.Batch
 	reads.Queue("BEGIN")
 	// The commit does not wait for its WAL to reach the disk. A crash of
@@ -148,8 +177,11 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 	reads.Queue("SET LOCAL synchronous_commit = off")
 	reads.Queue(createCheckpoint, ProjectorName)
 	reads.Queue(lockCheckpoint, ProjectorName)
+	if checkEmpty {
+		reads.Queue(readModelEmpty)
+	}
 	keys.queueReads(&reads)
-	cp, st, err := lockAndRead(conn.SendBatch(ctx, &reads), keys)
+	cp, empty, err := lockAndRead(conn.SendBatch(ctx, &reads), checkEmpty, keys, st)
 	if err != nil {
 		return err
 	}
@@ -161,16 +193,21 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 		p.applied.Store(uint64(cp)) // another instance applied them
 		return nil
 	}
-	if len(fresh) < len(expected) {
-		// Another instance applied the first events meanwhile. The state was
-		// read taking what they create to be new (see keys): read it again
-		// for the events left, under the lock still.
-		keys = keysOf(fresh)
+	if uint64(cp) != applied {
+		// Another instance applied events meanwhile: what this one knows is
+		// out of date, and the state was read taking what they create to be
+		// new (see keys). Read it again for the events left, under the lock
+		// still.
+		kn.forget()
+		st = newState()
+		keys = keysOf(fresh, kn, st)
 		var again pgx.Batch
 		keys.queueReads(&again)
-		if st, err = readAll(conn.SendBatch(ctx, &again), keys); err != nil {
+		if err = readAll(conn.SendBatch(ctx, &again), keys, st); err != nil {
 			return err
 		}
+	} else if checkEmpty && empty {
+		kn.complete = true
 	}
 
 	merged := projections.MergeFollows(fresh)
@@ -190,11 +227,13 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 			}
 		}
 	}
-	b.Queue(advanceCheckpoint, ProjectorName, int64(fresh[len(fresh)-1].Seq))
+	last := fresh[len(fresh)-1].Seq
+	b.Queue(advanceCheckpoint, ProjectorName, int64(last))
 	b.Queue("COMMIT")
 	owner = append(owner, 0)
 
 	results := conn.SendBatch(ctx, &b)
+
 	for _, seq := range owner {
 		if _, err := results.Exec(); err != nil {
 			_ = results.Close()
@@ -214,15 +253,24 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 	if tag.String() != "COMMIT" { // ROLLBACK: the transaction had failed
 		return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
 	}
-	p.applied.Store(fresh[len(fresh)-1].Seq)
+	committed = true
+	p.applied.Store(last)
+	if kn.on {
+		kn.learn(last, keys, st, &p.planner, records)
+	}
 	return nil
 }
 
+// readModelEmpty tells whether the read model has none of the rows a batch
+// reads.
+const readModelEmpty = `SELECT NOT EXISTS (SELECT FROM posts) AND NOT EXISTS (SELECT FROM likes)
+	AND NOT EXISTS (SELECT FROM follows)`
+
 // lockAndRead takes and closes the results of the first round trip of
-// apply: the checkpoint, locked, and the state.
-func lockAndRead(results pgx.BatchResults, keys keys) (int64, *state, error) {
-	var cp int64
-	err := func() error {
+// apply: the checkpoint, locked, whether the read model is empty (if
+// checked), and the state, into st.
+func lockAndRead(results pgx.BatchResults, checkEmpty bool, keys keys, st *state) (cp int64, empty bool, err error) {
+	err = func() error {
 		if _, err := results.Exec(); err != nil {
 			return fmt.Errorf("begin: %w", pgFailure(err))
 		}
@@ -235,26 +283,27 @@ func lockAndRead(results pgx.BatchResults, keys keys) (int64, *state, error) {
 		if err := results.QueryRow().Scan(&cp); err != nil {
 			return fmt.Errorf("lock checkpoint: %w", pgFailure(err))
 		}
+		if checkEmpty {
+			if err := results.QueryRow().Scan(&empty); err != nil {
+				return fmt.Errorf("read model empty: %w", pgFailure(err))
+			}
+		}
 		return nil
 	}()
 	if err != nil {
 		_ = results.Close()
-		return 0, nil, err
+		return 0, false, err
 	}
-	st, err := readAll(results, keys)
-	return cp, st, err
+	return cp, empty, readAll(results, keys, st)
 }
 
-// readAll takes and closes the results of keys.queueReads.
-func readAll(results pgx.BatchResults, keys keys) (*state, error) {
-	st, err := keys.readState(results)
+// readAll takes and closes the results of keys.queueReads, into st.
+func readAll(results pgx.BatchResults, keys keys, st *state) error {
+	err := keys.readState(results, st)
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("read state: %w", pgFailure(closeErr))
 	}
-	if err != nil {
-		return nil, err
-	}
-	return st, nil
+	return err
 }
 
 // after is the index of the first record of batch (in log order) after seq.
