@@ -33,6 +33,19 @@ type Projector interface {
 	Apply(ctx context.Context, batch []events.Record) error
 }
 
+// Pipeliner is a projector that can take a batch before the batch before it
+// has been applied, so that its store applies the two back to back while the
+// projector prepares the next: the runner sends each batch, then waits for
+// the one before it.
+type Pipeliner interface {
+	// Send begins to apply batch, which follows the batch sent before it,
+	// and returns at once; the outcome, as Apply's, arrives on the channel.
+	// A batch takes effect after the one sent before it, and not at all if
+	// that one failed. Send is called by one goroutine, with at most one
+	// batch outstanding.
+	Send(ctx context.Context, batch []events.Record) <-chan error
+}
+
 // Verifier is a projector that can check, while the log is quiet, that its
 // state is still there (a store can lose it: a cache flushed, an empty
 // replica promoted); an error makes the runner rewind to the checkpoint.
@@ -193,22 +206,58 @@ func (r *Runner) consume(ctx context.Context) error {
 	defer fetching.Wait()
 	defer stopFetching()
 
-	for ctx.Err() == nil {
-		var f fetched
-		select {
-		case want <- struct{}{}:
-		case <-ctx.Done():
-			return nil
+	// With a Pipeliner, the batch sent last is outstanding until the next is
+	// sent or none comes; a batch that started is finished even when
+	// shutdown begins meanwhile, or when what comes after it fails: the
+	// runner waits for it rather than throw the work away.
+	pl, _ := r.p.(Pipeliner)
+	var out *outstanding
+	defer func() {
+		if out != nil {
+			r.settleVoid(out)
 		}
-		select {
-		case f = <-batches:
-		case <-ctx.Done():
-			return nil
+	}()
+	for ctx.Err() == nil {
+		// The next batch is asked for, then taken. The outstanding batch is
+		// settled as soon as it is applied, not when the next batch comes:
+		// readers wait on the position.
+		var f fetched
+		for asked, received := false, false; !received; {
+			ask, take := want, batches
+			if asked {
+				ask = nil
+			} else {
+				take = nil
+			}
+			var applied <-chan error
+			if out != nil {
+				applied = out.result
+			}
+			select {
+			case ask <- struct{}{}:
+				asked = true
+			case f = <-take:
+				received = true
+			case err := <-applied:
+				o := out
+				out = nil
+				if err := r.settle(ctx, o, err); err != nil {
+					return err
+				}
+			case <-ctx.Done():
+				return nil
+			}
 		}
 		if f.err != nil {
 			return f.err
 		}
 		if f.idle {
+			if o := out; o != nil {
+				out = nil
+				if err := r.settle(ctx, o, <-o.result); err != nil {
+					return err
+				}
+			}
 			if v, ok := r.p.(Verifier); ok {
 				if err := v.Verify(ctx); err != nil {
 					return fmt.Errorf("verify: %w", err)
@@ -234,19 +283,57 @@ func (r *Runner) consume(ctx context.Context) error {
 		if len(records) == 0 {
 			continue
 		}
-		start := time.Now()
-		// A batch that started is finished even when shutdown begins meanwhile:
-		// shutdown waits for it rather than throw the work away.
-		if err := r.p.Apply(context.WithoutCancel(ctx), records); err != nil {
-			r.failed(ctx, records, err)
-			return fmt.Errorf("apply %d..%d: %w", records[0].Seq, records[len(records)-1].Seq, err)
-		}
 		cp = records[len(records)-1].Seq
-		r.position.Store(cp)
-		r.metrics.applied(r.p.Name(), len(records), cp, time.Since(start))
-		r.metrics.delayed(r.p.Name(), records)
+		sent := &outstanding{records: records, start: time.Now()}
+		if pl == nil {
+			// A batch that started is finished even when shutdown begins
+			// meanwhile.
+			if err := r.p.Apply(context.WithoutCancel(ctx), records); err != nil {
+				return r.settle(ctx, sent, err)
+			}
+			_ = r.settle(ctx, sent, nil)
+			continue
+		}
+		sent.result = pl.Send(context.WithoutCancel(ctx), records)
+		prev := out
+		out = sent
+		if prev != nil {
+			if err := r.settle(ctx, prev, <-prev.result); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// outstanding is a batch handed to the projector and not yet settled.
+type outstanding struct {
+	records []events.Record
+	start   time.Time
+	result  <-chan error // a Pipeliner's outcome
+}
+
+// settle takes the outcome of batch o: the position and metrics when it was
+// applied, the failure counted against it when not.
+func (r *Runner) settle(ctx context.Context, o *outstanding, err error) error {
+	first, last := o.records[0].Seq, o.records[len(o.records)-1].Seq
+	if err != nil {
+		r.failed(ctx, o.records, err)
+		return fmt.Errorf("apply %d..%d: %w", first, last, err)
+	}
+	r.position.Store(last)
+	r.metrics.applied(r.p.Name(), len(o.records), last, time.Since(o.start))
+	r.metrics.delayed(r.p.Name(), o.records)
+	return nil
+}
+
+// settleVoid waits for batch o after a failure or at shutdown: applied, it
+// still moves the position; failed, it failed for what failed before it, and
+// counts against none of its events.
+func (r *Runner) settleVoid(o *outstanding) {
+	if err := <-o.result; err == nil {
+		r.position.Store(o.records[len(o.records)-1].Seq)
+	}
 }
 
 // pull fetches up to n events into f: those already available when wait is 0,

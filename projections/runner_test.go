@@ -2,6 +2,7 @@ package projections_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -208,4 +209,143 @@ func delayHistogram(t *testing.T, reg *prometheus.Registry, projector string) *d
 	}
 	require.Failf(t, "no delay histogram", "projector %s", projector)
 	return nil
+}
+
+// piped is a Pipeliner whose batches the test settles: each one sent is
+// handed to the test on sent, and applied or failed with what the test puts
+// on its outcome.
+type piped struct {
+	t    *testing.T
+	sent chan *pipedBatch
+
+	mu      sync.Mutex
+	applied uint64
+}
+
+type pipedBatch struct {
+	first, last uint64
+	outcome     chan error
+}
+
+func (p *piped) Name() string { return "piped" }
+
+func (p *piped) Checkpoint(context.Context) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.applied, nil
+}
+
+func (p *piped) Apply(context.Context, []events.Record) error {
+	p.t.Error("a Pipeliner is sent its batches")
+	return nil
+}
+
+func (p *piped) Send(_ context.Context, batch []events.Record) <-chan error {
+	b := &pipedBatch{first: batch[0].Seq, last: batch[len(batch)-1].Seq, outcome: make(chan error)}
+	result := make(chan error, 1)
+	go func() {
+		err := <-b.outcome
+		if err == nil {
+			p.mu.Lock()
+			p.applied = b.last
+			p.mu.Unlock()
+		}
+		result <- err
+	}()
+	p.sent <- b
+	return result
+}
+
+// runPiped runs a runner of a piped projector over n events, in batches of
+// 3, with a fetch that waits wait when caught up.
+func runPiped(t *testing.T, ctx context.Context, n int, wait time.Duration) (*piped, *projections.Runner, <-chan error) {
+	t.Helper()
+	log := testLog(t)
+	for i := range n {
+		_, err := log.AppendEvent(ctx, fmt.Sprint(i), time.Now(), events.UserFollowed{FollowerID: domain.UserID(i + 1), FolloweeID: 99})
+		require.NoError(t, err)
+	}
+	p := &piped{t: t, sent: make(chan *pipedBatch)}
+	r := projections.NewRunner(log, p, projections.RunnerConfig{BatchSize: 3, FetchWait: wait, MaxBackoff: 50 * time.Millisecond},
+		nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return p, r, done
+}
+
+// next is the next batch sent, within a few seconds.
+func (p *piped) next(t *testing.T) *pipedBatch {
+	t.Helper()
+	select {
+	case b := <-p.sent:
+		return b
+	case <-time.After(5 * time.Second):
+		require.FailNow(t, "no batch sent")
+		return nil
+	}
+}
+
+// TestPipelinedRunnerSendsAheadAndSettlesEachBatch: the next batch is sent
+// while the one before it is still being applied; each moves the position
+// once applied, even when no batch comes after it to wake the runner.
+func TestPipelinedRunnerSendsAheadAndSettlesEachBatch(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// A long fetch wait: the last batch must not wait for it.
+	p, r, done := runPiped(t, ctx, 6, 3*time.Second)
+	b1 := p.next(t)
+	b2 := p.next(t)
+	assert.Equal(t, []uint64{1, 3, 4, 6}, []uint64{b1.first, b1.last, b2.first, b2.last})
+	assert.Zero(t, r.Position(), "nothing is applied yet")
+	b1.outcome <- nil
+	require.Eventually(t, func() bool { return r.Position() == 3 }, 2*time.Second, time.Millisecond)
+	b2.outcome <- nil
+	require.Eventually(t, func() bool { return r.Position() == 6 }, time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestPipelinedRunnerWaitsForWhatFollowsAFailure: when a batch fails, the
+// one sent after it is waited for before the runner rewinds, so that no
+// batch of the next attempt is sent while it may still be applied.
+func TestPipelinedRunnerWaitsForWhatFollowsAFailure(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p, r, done := runPiped(t, ctx, 6, 100*time.Millisecond)
+	b1 := p.next(t)
+	b2 := p.next(t)
+	b1.outcome <- errors.New("postgres went away")
+	select {
+	case b := <-p.sent:
+		require.Failf(t, "sent while the batch before was outstanding", "%d..%d", b.first, b.last)
+	case <-time.After(300 * time.Millisecond):
+	}
+	b2.outcome <- errors.New("void: the batch before failed")
+	again := p.next(t)
+	assert.Equal(t, []uint64{1, 3}, []uint64{again.first, again.last}, "rewound to the checkpoint")
+	again.outcome <- nil
+	p.next(t).outcome <- nil
+	require.Eventually(t, func() bool { return r.Position() == 6 }, 5*time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestPipelinedRunnerFinishesWhatItSentAtShutdown: shutdown waits for the
+// batches outstanding, and their position counts.
+func TestPipelinedRunnerFinishesWhatItSentAtShutdown(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p, r, done := runPiped(t, ctx, 6, 100*time.Millisecond)
+	b1 := p.next(t)
+	b2 := p.next(t)
+	cancel()
+	select {
+	case err := <-done:
+		require.Fail(t, "returned with batches outstanding", "%v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	b1.outcome <- nil
+	b2.outcome <- nil
+	require.NoError(t, <-done)
+	assert.Equal(t, uint64(6), r.Position())
 }

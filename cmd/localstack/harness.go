@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -280,6 +281,24 @@ func RunTests(m *testing.M) int {
 		templateCache.built, templateCache.tmpl = false, nil
 	}
 	return code
+}
+
+// RunTestsOrNATS is RunTests for a test binary that StartNATSProcess runs as
+// its NATS server (argv `<test binary> nats ...`): started so, it serves
+// NATS as `feed nats` does until interrupted, and returns the exit code.
+//
+//	func TestMain(m *testing.M) { os.Exit(localstack.RunTestsOrNATS(m)) }
+func RunTestsOrNATS(m *testing.M) int {
+	if len(os.Args) < 2 || os.Args[1] != "nats" {
+		return RunTests(m)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := RunNATS(ctx, os.Args[2:], NATSConfig{}, os.Stderr, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+		fmt.Fprintln(os.Stderr, "nats:", err)
+		return 1
+	}
+	return 0
 }
 
 // buildPostgresTemplate initdb's a cluster into a fresh pid-named directory,

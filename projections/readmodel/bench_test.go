@@ -27,20 +27,21 @@ import (
 // BenchmarkReplay measures, in one run: the events/s the read model projector
 // applies during a full replay of 100 000 mixed events, the raw rate at which
 // an ordered consumer reads the same stream, and their ratio; with the CPU
-// time the replay took in this process (the embedded NATS server included)
-// and in Postgres. FEED_BENCH_CPUPROFILE names a file for a CPU profile of
-// the replay alone.
+// time the replay took in this process, in Postgres and in NATS. NATS runs in
+// a process of its own, as the service runs it (`feed nats`, this test binary
+// here). FEED_BENCH_CPUPROFILE names a file for a CPU profile of the replay
+// alone.
 //
 //	go test -run '^$' -bench BenchmarkReplay -benchtime 1x ./projections/readmodel
 func BenchmarkReplay(b *testing.B) {
 	const n = 100_000
 	ctx := context.Background()
 	quiet := slog.New(slog.DiscardHandler)
-	ns, err := localstack.StartNATS(localstack.NATSConfig{Dir: b.TempDir()}, quiet)
+	ns, err := localstack.StartNATSProcess(ctx, []string{os.Args[0], "nats"}, localstack.NATSConfig{Dir: b.TempDir()}, quiet)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer ns.Shutdown()
+	defer func() { _ = ns.Stop() }()
 	nc, err := nats.Connect(ns.ClientURL())
 	if err != nil {
 		b.Fatal(err)
@@ -68,14 +69,14 @@ func BenchmarkReplay(b *testing.B) {
 		r := projections.NewRunner(log, readmodel.NewProjector(pool, nil), projections.RunnerConfig{BatchSize: benchBatch()}, nil, quiet)
 		done := make(chan error, 1)
 		stopProfile := startProfile(b)
-		goCPU, pgCPU := processCPU(b, os.Getpid(), false), processCPU(b, pg.PID(), true)
+		goCPU, pgCPU, natsCPU := processCPU(b, os.Getpid(), false), processCPU(b, pg.PID(), true), processCPU(b, ns.PID(), false)
 		start := time.Now()
 		go func() { done <- r.Run(rctx) }()
 		for r.Position() < n {
 			time.Sleep(5 * time.Millisecond)
 		}
 		applied := float64(n) / time.Since(start).Seconds()
-		goCPU, pgCPU = processCPU(b, os.Getpid(), false)-goCPU, processCPU(b, pg.PID(), true)-pgCPU
+		goCPU, pgCPU, natsCPU = processCPU(b, os.Getpid(), false)-goCPU, processCPU(b, pg.PID(), true)-pgCPU, processCPU(b, ns.PID(), false)-natsCPU
 		stopProfile()
 		cancel()
 		if err := <-done; err != nil {
@@ -87,8 +88,9 @@ func BenchmarkReplay(b *testing.B) {
 		b.ReportMetric(applied/raw, "ratio")
 		b.ReportMetric(goCPU.Seconds(), "go-cpu-s")
 		b.ReportMetric(pgCPU.Seconds(), "postgres-cpu-s")
-		fmt.Fprintf(os.Stderr, "replay of %d events: projector %.0f events/s, raw ordered read %.0f events/s, ratio %.2f; CPU: Go %.2fs, Postgres %.2fs\n",
-			n, applied, raw, applied/raw, goCPU.Seconds(), pgCPU.Seconds())
+		b.ReportMetric(natsCPU.Seconds(), "nats-cpu-s")
+		fmt.Fprintf(os.Stderr, "replay of %d events: projector %.0f events/s, raw ordered read %.0f events/s, ratio %.2f; CPU: Go %.2fs, Postgres %.2fs, NATS %.2fs\n",
+			n, applied, raw, applied/raw, goCPU.Seconds(), pgCPU.Seconds(), natsCPU.Seconds())
 	}
 }
 

@@ -36,3 +36,6 @@ const MaxLikers = maxLikers
 // SetCatchUpBatch makes p remember what batches of n events or more leave
 // the rows as (catchUpBatch).
 func SetCatchUpBatch(p *Projector, n int) { p.catchUp = n }
+
+// ErrBatchBefore voids a batch sent ahead of one that was not applied.
+var ErrBatchBefore = errBatchBefore

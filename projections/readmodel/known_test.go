@@ -72,3 +72,37 @@ func TestKnowledgeIsWholeOnlyFromAnEmptyReadModel(t *testing.T) {
 	assert.Empty(t, pjQuery(t, pool, `SELECT post_id FROM likes`))
 	assert.Equal(t, "[3 4]", pjQuery(t, pool, `SELECT follower_id, followee_id FROM follows`))
 }
+
+// TestSendVoidsWhatFollowsAFailedBatch: a batch Send planned ahead, as if
+// the batch before it would commit, must not take effect when that one
+// fails; then both apply once the projector starts again.
+func TestSendVoidsWhatFollowsAFailedBatch(t *testing.T) {
+	ctx := context.Background()
+	pool := pjDatabase(t, localstack.PostgresForTest(t), "send_void")
+	const p1 = domain.PostID(1 << 30)
+	recs := records(
+		created(p1, 5),
+		events.CommentAdded{CommentID: 100, PostID: p1, UserID: 6, Text: "first", CreatedAt: t0},
+		// Batch a fails in bulk: a comment it takes to be new is there.
+		events.CommentAdded{CommentID: 100, PostID: p1, UserID: 6, Text: "first", CreatedAt: t0},
+		events.PostLiked{UserID: 6, PostID: p1},
+		// Batch b is planned ahead of a's outcome.
+		events.PostLiked{UserID: 7, PostID: p1},
+	)
+	p := readmodel.NewProjector(pool, nil)
+	readmodel.SetCatchUpBatch(p, 1)
+	require.NoError(t, <-p.Send(ctx, recs[:2]))
+	a, b := p.Send(ctx, recs[2:4]), p.Send(ctx, recs[4:])
+	require.Error(t, <-a)
+	require.ErrorIs(t, <-b, readmodel.ErrBatchBefore)
+	assert.Equal(t, "[0 1]", pjQuery(t, pool, `SELECT like_count, comment_count FROM posts`))
+	assert.Equal(t, "[readmodel 2]", pjQuery(t, pool, `SELECT projector, position FROM projector_checkpoints`))
+
+	// Started again (as the runner does, at its checkpoint), it applies them.
+	cp, err := p.Checkpoint(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), cp)
+	require.NoError(t, <-p.Send(ctx, recs[2:4]))
+	require.NoError(t, <-p.Send(ctx, recs[4:]))
+	assert.Equal(t, "[2 1]", pjQuery(t, pool, `SELECT like_count, comment_count FROM posts`))
+}

@@ -36,10 +36,27 @@ type Projector struct {
 	// what the batches of a catch-up leave the rows as: Apply is called one
 	// batch at a time (by a Runner, by a replay), never by two goroutines at
 	// once.
-	planner planner
-	known   known
+	//
+	// Send plans a batch while the one before it may still be applied from
+	// the other planner: each batch takes the planner the one before it did
+	// not (next).
+	planners [2]planner
+	next     int
+	known    known
 	// catchUp is the smallest batch that is remembered (catchUpBatch).
 	catchUp int
+	// last is the batch Send sent last.
+	last *flight
+}
+
+// flight is a batch handed to Send.
+type flight struct {
+	done chan struct{}
+	err  error  // once done
+	last uint64 // its last event
+	// planned: Send planned it ahead from what is known, and it does not
+	// change what is known once sent.
+	planned bool
 }
 
 // NewProjector returns the read model projector writing to pool.
@@ -101,9 +118,14 @@ func (p *Projector) Verify(ctx context.Context) error {
 // names the event at fault. It must not be called concurrently: two instances
 // are two Projectors.
 func (p *Projector) Apply(ctx context.Context, batch []events.Record) error {
-	err := p.apply(ctx, batch, true)
+	return p.applyWith(ctx, batch, &p.planners[0])
+}
+
+// applyWith applies batch as Apply does, planning in pr.
+func (p *Projector) applyWith(ctx context.Context, batch []events.Record, pr *planner) error {
+	err := p.apply(ctx, batch, pr, true)
 	if isDataError(err) {
-		return p.apply(ctx, batch, false)
+		return p.apply(ctx, batch, pr, false)
 	}
 	return err
 }
@@ -121,7 +143,7 @@ const (
 // apply runs a batch in one transaction of two round trips: BEGIN, the lock
 // and the reads; then the writes, the checkpoint and COMMIT. The transaction
 // statements travel in the pipelines rather than on round trips of their own.
-func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool) error {
+func (p *Projector) apply(ctx context.Context, batch []events.Record, pr *planner, bulk bool) error {
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
 		p.known.forget()
@@ -218,7 +240,7 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 	b.Queue(planWrites)
 	owner := []uint64{0} // the event of each queued statement, 0 for none or several
 	if bulk {
-		p.planner.planOf(records, merged, st).queueWrites(&b)
+		pr.planOf(records, merged, st).queueWrites(&b)
 		owner = make([]uint64, b.Len())
 	} else {
 		for _, rec := range records {
@@ -232,12 +254,29 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 	b.Queue("COMMIT")
 	owner = append(owner, 0)
 
-	results := conn.SendBatch(ctx, &b)
+	if err := commitResults(conn.SendBatch(ctx, &b), owner); err != nil {
+		return err
+	}
+	committed = true
+	p.advance(last)
+	if kn.on {
+		kn.learn(last, keys, st, pr, records)
+	}
+	return nil
+}
 
+// commitResults takes and closes the results of a batch's writes, ending
+// with its COMMIT: owner holds the event of each statement before it (0 for
+// none or several), which a failure on the data is put down to.
+func commitResults(results pgx.BatchResults, owner []uint64) error {
 	for _, seq := range owner {
 		if _, err := results.Exec(); err != nil {
 			_ = results.Close()
-			if seq != 0 && isDataError(err) {
+			var pgErr *pgconn.PgError
+			switch {
+			case errors.As(err, &pgErr) && pgErr.Code == checkpointElsewhere:
+				return fmt.Errorf("%w: %w", errBatchBefore, err)
+			case seq != 0 && isDataError(err):
 				return &projections.EventError{Seq: seq, Err: err}
 			}
 			return fmt.Errorf("apply: %w", pgFailure(err))
@@ -253,11 +292,122 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, bulk bool)
 	if tag.String() != "COMMIT" { // ROLLBACK: the transaction had failed
 		return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
 	}
-	committed = true
-	p.applied.Store(last)
-	if kn.on {
-		kn.learn(last, keys, st, &p.planner, records)
+	return nil
+}
+
+// advance moves applied up to seq. Batches sent ahead commit in order, but
+// their goroutines may learn it in another.
+func (p *Projector) advance(seq uint64) {
+	for {
+		old := p.applied.Load()
+		if old >= seq || p.applied.CompareAndSwap(old, seq) {
+			return
+		}
 	}
+}
+
+// Send implements projections.Pipeliner, for catching up faster than Apply
+// can: Postgres applies a batch's writes while the next batch is planned.
+//
+// A batch of a catch-up whose rows are all known (see known) is planned at
+// once, as if the batches sent before it had committed, and what it leaves
+// the rows as is known from then on. It is sent in one round trip on a
+// connection of its own, opening with lock_checkpoint_at (migration 4):
+// Postgres starts it the moment the batch before it commits, and refuses it
+// unless that one did. What is known then runs ahead of the checkpoint,
+// and the runner's next start, at the checkpoint, finds it out of date.
+//
+// Any other batch is applied as by Apply, once the batch before it has
+// been; one that failed voids it.
+//
+// A projector is driven by Apply or by Send, not by both at once.
+func (p *Projector) Send(ctx context.Context, batch []events.Record) <-chan error {
+	result := make(chan error, 1)
+	prev := p.last
+	f := &flight{done: make(chan struct{}), last: batch[len(batch)-1].Seq}
+	p.last = f
+	if prev != nil && !prev.planned {
+		<-prev.done // it may change what is known until it ends
+	}
+	pr := &p.planners[p.next]
+	p.next ^= 1
+	b, last := p.planAhead(batch, pr)
+	f.planned = b != nil
+	go func() {
+		var err error
+		switch {
+		case f.planned:
+			err = p.sendPlanned(ctx, b, last)
+		case prev != nil && batch[0].Seq > prev.last && func() bool { <-prev.done; return prev.err != nil }():
+			// (A batch that does not come after it is a new start.)
+			err = errBatchBefore
+		default:
+			err = p.applyWith(ctx, batch, pr)
+		}
+		f.err = err
+		close(f.done)
+		result <- err
+	}()
+	return result
+}
+
+// errBatchBefore voids a batch sent ahead.
+var errBatchBefore = errors.New("the batch sent before this one was not applied")
+
+// checkpointElsewhere is the error lock_checkpoint_at raises.
+const checkpointElsewhere = "FE001"
+
+// planAhead plans batch from what is known, in pr, as the writes of one
+// transaction that takes effect only after the batch sent before it (see
+// Send), and knows what it leaves the rows as. It returns nil if batch is
+// not of a catch-up or names a row that is not known.
+func (p *Projector) planAhead(batch []events.Record, pr *planner) (*pgx.Batch, uint64) {
+	kn := &p.known
+	if !kn.on || len(batch) < p.catchUp || after(batch, kn.at) != 0 {
+		return nil, 0
+	}
+	st := newState()
+	keys := keysOf(batch, kn, st)
+	if len(keys.posts)+len(keys.likePosts)+len(keys.followers) > 0 {
+		return nil, 0
+	}
+	merged := projections.MergeFollows(batch)
+	records, noops := dropNoops(merged, st.follows)
+	p.metrics.CountMerged(ProjectorName, merged.Collapsed, noops)
+	last := batch[len(batch)-1].Seq
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue("SET LOCAL synchronous_commit = off") // as in apply
+	b.Queue(createCheckpoint, ProjectorName)
+	b.Queue(lockCheckpointAt, ProjectorName, int64(kn.at))
+	b.Queue(planWrites)
+	pr.planOf(records, merged, st).queueWrites(b)
+	b.Queue(advanceCheckpoint, ProjectorName, int64(last))
+	b.Queue("COMMIT")
+	kn.learn(last, keys, st, pr, records)
+	return b, last
+}
+
+// lockCheckpointAt locks the checkpoint row and fails with
+// checkpointElsewhere unless the checkpoint is at $2.
+const lockCheckpointAt = `SELECT lock_checkpoint_at($1, $2)`
+
+// sendPlanned applies the writes planAhead planned, up to seq last.
+func (p *Projector) sendPlanned(ctx context.Context, b *pgx.Batch, last uint64) error {
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connect: %w", pgFailure(err))
+	}
+	defer conn.Release()
+	defer func() { // as in apply
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+	if err := commitResults(conn.SendBatch(ctx, b), make([]uint64, b.Len()-1)); err != nil {
+		return err
+	}
+	p.advance(last)
 	return nil
 }
 

@@ -1,0 +1,18 @@
+-- lock_checkpoint_at locks a projector's checkpoint row, as a batch does
+-- first, and fails unless the checkpoint is at expected. A batch that was
+-- sent before the one before it committed (the read model projector's Send)
+-- opens with it, so that it waits for that one and is void if that one did
+-- not commit.
+CREATE FUNCTION lock_checkpoint_at(p_projector text, p_expected bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    found_at bigint;
+BEGIN
+    SELECT position INTO found_at FROM projector_checkpoints WHERE projector = p_projector FOR UPDATE;
+    IF found_at IS DISTINCT FROM p_expected THEN
+        RAISE EXCEPTION 'the checkpoint of % is at %, not at %', p_projector, found_at, p_expected
+            USING ERRCODE = 'FE001';
+    END IF;
+    RETURN found_at;
+END
+$$;
