@@ -63,7 +63,8 @@ type ReplayOptions struct {
 	// hold them. A resumed shadow continues after its checkpoint.
 	FromSeq uint64
 	Since   time.Time
-	// BatchSize is the number of events per apply (default 1000).
+	// BatchSize is the number of events per apply (default the shadow's own,
+	// see BatchSizer, else 1000).
 	BatchSize int
 	// SwitchLag is how close to the head the shadow must be before the switch,
 	// during which the live projector waits for the rest (default 1000).
@@ -94,6 +95,9 @@ func (o ReplayOptions) withDefaults() ReplayOptions {
 // state to it and removes the old one. Interrupted (ctx ends, the process
 // dies), it leaves the shadow to be resumed by the next Replay.
 func Replay(ctx context.Context, log *events.Log, shadow Shadow, opts ReplayOptions) error {
+	if s, ok := shadow.(BatchSizer); ok && opts.BatchSize <= 0 {
+		opts.BatchSize = s.BatchSize()
+	}
 	opts = opts.withDefaults()
 	r := &replay{log: log, shadow: shadow, opts: opts}
 	r.progress = Progress{Projector: shadow.Name(), Phase: PhaseReplaying, Started: opts.Now()}
@@ -192,23 +196,62 @@ func (r *replay) setHead(head uint64) {
 var errReached = errors.New("target reached")
 
 // apply reads from opts up to sequence to (or the log's end) and applies it in
-// batches.
+// batches. A shadow that is a Pipeliner is sent each batch before the one
+// before it is applied (see Runner); all are applied when apply returns.
 func (r *replay) apply(ctx context.Context, read events.ReadOptions, to uint64) error {
 	read.StopAtEnd, read.IncludeUnknown = true, true
+	pl, _ := r.shadow.(Pipeliner)
 	batch := make([]events.Record, 0, r.opts.BatchSize)
+	var out *sentBatch // sent to pl, not yet known applied
+	defer func() {
+		if out != nil {
+			_ = <-out.result // no transaction outlives the call
+		}
+	}()
+	// settle waits for the batch outstanding, next taking its place. If it
+	// failed (an event the bulk statements could not store, a lost
+	// connection), next is void or applied: both are applied again the
+	// careful way, which names an event at fault and skips it.
+	settle := func(next *sentBatch) error {
+		prev := out
+		out = next
+		if prev == nil {
+			return nil
+		}
+		err := <-prev.result
+		if err == nil {
+			r.done(prev.batch)
+			return nil
+		}
+		again := [][]events.Record{prev.batch}
+		if next != nil {
+			_ = <-next.result // void, or applied: applied again, it changes nothing
+			out = nil
+			again = append(again, next.batch)
+		}
+		for _, b := range again {
+			if err := r.applyBatch(ctx, b); err != nil {
+				return err
+			}
+			r.done(b)
+		}
+		return nil
+	}
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
-		if err := r.applyBatch(ctx, batch); err != nil {
-			return err
+		if pl == nil {
+			if err := r.applyBatch(ctx, batch); err != nil {
+				return err
+			}
+			r.done(batch)
+			batch = batch[:0]
+			return nil
 		}
-		r.applied += uint64(len(batch))
-		r.progress.Position = batch[len(batch)-1].Seq
-		r.setHead(max(r.progress.Head, r.progress.Position))
-		r.opts.Progress(r.progress)
-		batch = batch[:0]
-		return nil
+		next := &sentBatch{batch: batch, result: pl.Send(ctx, batch)}
+		batch = make([]events.Record, 0, r.opts.BatchSize)
+		return settle(next)
 	}
 	err := r.log.Read(ctx, read, func(rec events.Record) error {
 		if rec.Seq > to {
@@ -231,7 +274,24 @@ func (r *replay) apply(ctx context.Context, read events.ReadOptions, to uint64) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return flush()
+	if err := flush(); err != nil {
+		return err
+	}
+	return settle(nil) // the last batch sent
+}
+
+// sentBatch is a batch sent to a Pipeliner shadow.
+type sentBatch struct {
+	batch  []events.Record
+	result <-chan error
+}
+
+// done records batch as applied: progress, and a report of it.
+func (r *replay) done(batch []events.Record) {
+	r.applied += uint64(len(batch))
+	r.progress.Position = batch[len(batch)-1].Seq
+	r.setHead(max(r.progress.Head, r.progress.Position))
+	r.opts.Progress(r.progress)
 }
 
 // applyBatch applies a batch to the shadow; an event the projector cannot

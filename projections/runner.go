@@ -328,8 +328,9 @@ func (r *Runner) settle(ctx context.Context, o *outstanding, err error) error {
 }
 
 // settleVoid waits for batch o after a failure or at shutdown: applied, it
-// still moves the position; failed, it failed for what failed before it, and
-// counts against none of its events.
+// still moves the position; failed, it counts against none of its events
+// (it follows a failure, or the runner is stopping), and the next start
+// applies it again.
 func (r *Runner) settleVoid(o *outstanding) {
 	if err := <-o.result; err == nil {
 		r.position.Store(o.records[len(o.records)-1].Seq)

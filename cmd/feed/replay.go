@@ -184,7 +184,7 @@ func replay(ctx context.Context, args []string, getenv func(string) string, stdo
 	fresh := fs.Bool("fresh", false, "discard the shadow an interrupted rebuild left instead of resuming it")
 	from := fs.Uint64("from", 0, "start a new shadow at this log sequence (events before it are not applied)")
 	since := fs.Duration("since", 0, "start a new shadow at the events of this last duration, e.g. 24h")
-	batch := fs.Int("batch", 1000, "events per batch")
+	batch := fs.Int("batch", 0, "events per batch (default 0: the projector's own, 8000 for the read model and 1000 for the feeds)")
 	quiet := fs.Bool("quiet", false, "no progress bar; a line per phase")
 	// Flags may come after the projector name.
 	var name string
@@ -206,8 +206,8 @@ func replay(ctx context.Context, args []string, getenv func(string) string, stdo
 	if *from != 0 && *since != 0 {
 		return fmt.Errorf("%w: replay: give --from or --since, not both", errUsage)
 	}
-	if *batch < 1 {
-		return fmt.Errorf("%w: replay: --batch must be at least 1", errUsage)
+	if *batch < 0 {
+		return fmt.Errorf("%w: replay: --batch must be at least 1, or 0 for the projector's own", errUsage)
 	}
 	cfg, err := parseConfig(getenv)
 	if err != nil {

@@ -32,14 +32,12 @@ type Projector struct {
 	// one (a rebuild's switch, a restore): the runner must rewind to it, or the
 	// events between would be missing from the new one for good.
 	applied atomic.Uint64
-	// planner is the memory of planning, used again by each batch, and known
-	// what the batches of a catch-up leave the rows as: Apply is called one
-	// batch at a time (by a Runner, by a replay), never by two goroutines at
-	// once.
-	//
-	// Send plans a batch while the one before it may still be applied from
-	// the other planner: each batch takes the planner the one before it did
-	// not (next).
+	// planners are the memory of planning, used again batch after batch, and
+	// known is what the batches of a catch-up left the rows as. Apply is
+	// called one batch at a time (by a replay), never by two goroutines at
+	// once, and plans in the first planner. Send (by a Runner) plans a batch
+	// while the one before it may still be written from its planner: each
+	// batch takes the planner the one before it did not (next).
 	planners [2]planner
 	next     int
 	known    known

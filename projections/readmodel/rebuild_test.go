@@ -3,6 +3,7 @@ package readmodel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/readmodel"
 )
@@ -108,6 +110,9 @@ func TestRebuildDuringLiveTraffic(t *testing.T) {
 	url := pjURL(pg, "live")
 	first, err := readmodel.OpenRebuild(ctx, url, true, nil)
 	require.NoError(t, err)
+	// Small batches are remembered and sent ahead, as a replay's large ones
+	// are (see readmodel.Projector.Send).
+	readmodel.SetCatchUpBatch(first.Projector, 1)
 	_, err = readmodel.OpenRebuild(ctx, url, false, nil)
 	require.ErrorIs(t, err, projections.ErrRebuildRunning, "a second rebuild is refused while one runs")
 	killed, kill := context.WithCancel(ctx)
@@ -123,6 +128,7 @@ func TestRebuildDuringLiveTraffic(t *testing.T) {
 	second, err := readmodel.OpenRebuild(ctx, url, false, nil)
 	require.NoError(t, err)
 	defer second.Close()
+	readmodel.SetCatchUpBatch(second.Projector, 1)
 	var progress []projections.Progress
 	require.NoError(t, projections.Replay(ctx, log, second, projections.ReplayOptions{BatchSize: 100, Progress: func(p projections.Progress) {
 		progress = append(progress, p)
@@ -177,4 +183,42 @@ func TestLiveProjectorRewindsWhenTheReadModelGoesBack(t *testing.T) {
 	clean := pjDatabase(t, pg, "clean")
 	replay(t, log, clean)
 	assert.Equal(t, pjDump(t, clean), pjDump(t, live))
+}
+
+// TestRebuildSkipsAPoisonEventSentAhead: an event no Postgres row can hold
+// fails the batch a rebuild sent ahead, which voids the batch sent after it;
+// both are applied again the careful way, the event is skipped, and the
+// result is the live projector's, which dead-lettered it.
+func TestRebuildSkipsAPoisonEventSentAhead(t *testing.T) {
+	ctx := context.Background()
+	pg := localstack.PostgresForTest(t)
+	log := pjLog(t)
+	workload(t, log, 700, 31)
+	poison := created(1<<40, 5)
+	poison.Caption = "nul \x00 byte"
+	_, err := log.AppendEvent(ctx, "poison", t0, poison)
+	require.NoError(t, err)
+	for i := range 150 {
+		_, err := log.AppendEvent(ctx, fmt.Sprint("after-", i), t0, events.UserFollowed{FollowerID: domain.UserID(100 + i), FolloweeID: 5})
+		require.NoError(t, err)
+	}
+	want := pjDatabase(t, pg, "want")
+	runUntil(t, log, readmodel.NewProjector(want, nil), projections.RunnerConfig{BatchSize: 100}, nil)
+
+	pjDatabase(t, pg, "live")
+	rb, err := readmodel.OpenRebuild(ctx, pjURL(pg, "live"), true, nil)
+	require.NoError(t, err)
+	defer rb.Close()
+	readmodel.SetCatchUpBatch(rb.Projector, 1)
+	var last projections.Progress
+	require.NoError(t, projections.Replay(ctx, log, rb, projections.ReplayOptions{BatchSize: 100, Progress: func(p projections.Progress) {
+		last = p
+	}}))
+	assert.Equal(t, projections.PhaseDone, last.Phase)
+	assert.Equal(t, 1, last.Skipped)
+	assert.Equal(t, last.Total, last.Done)
+	pool, err := readmodel.OpenPool(ctx, pjURL(pg, "live"), migrations.Schema, 0)
+	require.NoError(t, err)
+	defer pool.Close()
+	assert.Equal(t, pjDump(t, want), pjDump(t, pool))
 }
