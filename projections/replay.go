@@ -205,7 +205,7 @@ func (r *replay) apply(ctx context.Context, read events.ReadOptions, to uint64) 
 	var out *sentBatch // sent to pl, not yet known applied
 	defer func() {
 		if out != nil {
-			_ = <-out.result // no transaction outlives the call
+			<-out.result //nolint:errcheck // waited for so that no transaction outlives the call
 		}
 	}()
 	// settle waits for the batch outstanding, next taking its place. If it
@@ -225,7 +225,7 @@ func (r *replay) apply(ctx context.Context, read events.ReadOptions, to uint64) 
 		}
 		again := [][]events.Record{prev.batch}
 		if next != nil {
-			_ = <-next.result // void, or applied: applied again, it changes nothing
+			<-next.result //nolint:errcheck // void, or applied: applied again, it changes nothing
 			out = nil
 			again = append(again, next.batch)
 		}
