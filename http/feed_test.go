@@ -113,7 +113,7 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	planner := feeds.NewPlanner(w.store, js, w.plan, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	// Tests make maintenance passes themselves; every inbox is due at once.
-	w.maint = feeds.NewMaintenance(svc, w.store, planner, feeds.MaintenanceConfig{Period: time.Millisecond}, quiet)
+	w.maint = feeds.NewMaintenance(svc, w.store, planner, feeds.MaintenanceConfig{Period: time.Millisecond, Batch: 1000}, quiet)
 	fast := projections.RunnerConfig{FetchWait: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
 	w.readRun = projections.NewRunner(log, readmodel.NewProjector(pool, nil), fast, nil, quiet)
 	w.planRun = projections.NewRunner(log, planner, fast, nil, quiet)
