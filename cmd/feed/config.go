@@ -42,7 +42,9 @@ type config struct {
 	PostCache int
 	// PageCache is how many home feed pages the API keeps (0: none).
 	PageCache int
-	InboxTTL  time.Duration
+	// MaintenanceRate is the inboxes checked per second (FEED_MAINTENANCE_RATE).
+	MaintenanceRate int
+	InboxTTL        time.Duration
 }
 
 // devJWTSecret signs and checks tokens in dev mode when FEED_JWT_SECRET is
@@ -91,6 +93,7 @@ var variables = []variable{
 	{"FEED_PARTITIONS", "4", "Applier partitions of the feed projector (by recipient)."},
 	{"FEED_POST_CACHE", "100000", "Hydrated posts the API keeps in memory for GET /feed (about 1 KiB each), kept current by following the log; 0 hydrates every page from Postgres."},
 	{"FEED_PAGE_CACHE", "50000", "Home feed pages the API keeps in memory (about 400 bytes each), kept current by Redis's client-side caching invalidations; 0 reads every page from Redis."},
+	{"FEED_MAINTENANCE_RATE", "2", "Inboxes the maintenance round checks per second (each check reads every followee's outbox and holds the feed planner meanwhile)."},
 	{"FEED_NODE_ID", "0", "This process's node number in post and comment ids, 0–255: unique per API replica."},
 	{"FEED_LOG_LEVEL", "info", "debug, info, warn or error."},
 	{"FEED_LOG_FORMAT", "text", "text or json."},
@@ -160,6 +163,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		Partitions:      integer("FEED_PARTITIONS", 1, 256),
 		PostCache:       integer("FEED_POST_CACHE", 0, 10_000_000),
 		PageCache:       integer("FEED_PAGE_CACHE", 0, 10_000_000),
+		MaintenanceRate: integer("FEED_MAINTENANCE_RATE", 1, 100_000),
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(get("FEED_LOG_LEVEL"))); err != nil {
 		errs = append(errs, fmt.Sprintf("FEED_LOG_LEVEL=%q is not debug, info, warn or error", get("FEED_LOG_LEVEL")))

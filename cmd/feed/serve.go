@@ -335,7 +335,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	var maintenance *feeds.Maintenance
 	if slices.Contains(cfg.Roles, rolePlanner) {
 		runners = append(runners, projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger))
-		maintenance = feeds.NewMaintenance(in.redis, feedStore, planner, feeds.MaintenanceConfig{}, logger)
+		maintenance = feeds.NewMaintenance(in.redis, feedStore, planner, feeds.MaintenanceConfig{Batch: cfg.MaintenanceRate}, logger)
 	}
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "feed_inbox_repairs_total",
