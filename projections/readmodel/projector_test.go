@@ -431,32 +431,12 @@ type faulty struct {
 	aborted, crashed int
 }
 
-func (f *faulty) Apply(ctx context.Context, batch []events.Record) error {
-	switch f.rng.IntN(10) {
-	case 0:
-		// The transaction dies mid-batch: the context ends while statements run.
-		ctx, cancel := context.WithTimeout(ctx, time.Duration(f.rng.IntN(3000))*time.Microsecond)
-		defer cancel()
-		f.aborted++
-		if err := f.Projector.Apply(ctx, batch); err != nil {
-			return fmt.Errorf("injected: %w", err)
-		}
-		return nil
-	case 1:
-		// Committed, then "killed" before the runner knows: it rewinds.
-		f.crashed++
-		if err := f.Projector.Apply(ctx, batch); err != nil {
-			return err
-		}
-		return fmt.Errorf("injected crash after commit: %w", domain.ErrUnavailable)
-	}
-	return f.Projector.Apply(ctx, batch)
-}
-
-// Send injects the same failures into the batches a runner sends ahead.
+// Send is how a runner hands the projector its batches (it is a
+// projections.Pipeliner): the failures are injected there.
 func (f *faulty) Send(ctx context.Context, batch []events.Record) <-chan error {
 	switch f.rng.IntN(10) {
 	case 0:
+		// The transaction dies mid-batch: the context ends while statements run.
 		ctx, cancel := context.WithTimeout(ctx, time.Duration(f.rng.IntN(3000))*time.Microsecond)
 		f.aborted++
 		return relay(f.Projector.Send(ctx, batch), func(err error) error {
@@ -467,6 +447,7 @@ func (f *faulty) Send(ctx context.Context, batch []events.Record) <-chan error {
 			return nil
 		})
 	case 1:
+		// Committed, then "killed" before the runner knows: it rewinds.
 		f.crashed++
 		return relay(f.Projector.Send(ctx, batch), func(err error) error {
 			if err != nil {
