@@ -399,6 +399,10 @@ type undecodable struct {
 	err  error
 }
 
+// fetchMargin is how many more events than the server last had left a fetch
+// asks for, for those appended since.
+const fetchMargin = 256
+
 // fetch reads batches in order and hands them over until ctx ends or a fetch
 // fails (the failure is handed over too, and ends the loop).
 func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, want <-chan struct{}, out chan<- fetched) {
@@ -410,16 +414,36 @@ func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, want <-chan
 			return false
 		}
 	}
+	// left is how many events the server had left after the last one fetched
+	// (-1: not known yet). A fetch that takes what is there asks for no more
+	// than that and a margin: the client allocates buffers for as many
+	// messages as asked (24 bytes each, 190 KiB for the read model's 8 000),
+	// and a live projector fetches dozens of times a second.
+	left := -1
+	size := func(room int) int {
+		if left < 0 {
+			return room
+		}
+		return min(room, max(left+fetchMargin, fetchMargin))
+	}
+	pull := func(n int, wait time.Duration, f *fetched) error {
+		had := len(f.records)
+		err := r.pull(cons, n, wait, f)
+		if len(f.records) > had {
+			left = int(min(f.pending, uint64(r.cfg.BatchSize)))
+		}
+		return err
+	}
 	for ctx.Err() == nil {
 		var f fetched
 		// Take what is there without waiting; when caught up, wait for the next
 		// event alone and then sweep up whatever came with it. A full-size fetch
 		// would instead hold a trickle of live events until the batch filled.
-		err := r.pull(cons, r.cfg.BatchSize, 0, &f)
+		err := pull(size(r.cfg.BatchSize), 0, &f)
 		if err == nil && len(f.records) == 0 {
-			err = r.pull(cons, 1, r.cfg.FetchWait, &f)
+			err = pull(1, r.cfg.FetchWait, &f)
 			if err == nil && len(f.records) > 0 && r.cfg.BatchSize > 1 {
-				err = r.pull(cons, r.cfg.BatchSize-1, 0, &f)
+				err = pull(size(r.cfg.BatchSize-1), 0, &f)
 			}
 		}
 		// A batch fetched ahead is handed over when wanted (and so is a
@@ -432,7 +456,7 @@ func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, want <-chan
 			return
 		}
 		if n := len(f.records); err == nil && n > 0 && n < r.cfg.BatchSize {
-			err = r.pull(cons, r.cfg.BatchSize-n, 0, &f)
+			err = pull(size(r.cfg.BatchSize-n), 0, &f)
 		}
 		if err != nil {
 			send(fetched{err: err})

@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -255,6 +256,22 @@ func TestSaveStopsWhenContextIsDone(t *testing.T) {
 	})
 }
 
+// TestSaveWritesTemporaryFilesInTheShards: an upload being written is in a
+// first-level shard directory, not the top one, whose lock every create in it
+// takes.
+func TestSaveWritesTemporaryFilesInTheShards(t *testing.T) {
+	d, root := newDir(t)
+	var during []string
+	body := &countingReader{r: bytes.NewReader(pngBytes(t, 5, 5)), afterFirst: func() { during = files(t, root) }}
+	img, err := d.Save(t.Context(), body, limit)
+	require.NoError(t, err)
+	require.Len(t, during, 1)
+	dir, name := path.Split(during[0])
+	assert.Regexp(t, `^[0-9a-f]{2}/$`, dir, "the temporary file %s", during[0])
+	assert.True(t, strings.HasPrefix(name, ".upload-"), during[0])
+	assert.Equal(t, []string{shardPath(img.Key)}, files(t, root), "renamed into place")
+}
+
 func TestSaveConcurrentSameImage(t *testing.T) {
 	d, root := newDir(t)
 	data := gifBytes(t, 20, 20)
@@ -317,14 +334,21 @@ func TestRemoveOrphans(t *testing.T) {
 	require.NoError(t, err)
 	fresh, err := d.Save(t.Context(), bytes.NewReader(pngBytes(t, 4, 4)), limit)
 	require.NoError(t, err)
-	leftover := filepath.Join(root, ".upload-123")
-	require.NoError(t, os.WriteFile(leftover, []byte("partial"), 0o600))
+	// Left by interrupted saves: in a first-level shard, and (an older
+	// version's) in the top directory.
+	for _, leftover := range []string{"7f/.upload-456", ".upload-123"} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(root, leftover)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, leftover), []byte("partial"), 0o600))
+	}
+	// A name like a temporary file's deeper down is not one of them.
+	deep := shardPath(kept.Key)[:5] + "/.upload-789"
+	require.NoError(t, os.WriteFile(filepath.Join(root, deep), []byte("?"), 0o600))
 	unknown := filepath.Join(root, "README")
 	require.NoError(t, os.WriteFile(unknown, []byte("operator notes"), 0o644))
 
 	old := time.Now().Add(-2 * time.Hour)
 	for _, p := range []string{
-		shardPath(kept.Key), shardPath(orphan.Key), shardPath(reuploaded.Key), ".upload-123", "README",
+		shardPath(kept.Key), shardPath(orphan.Key), shardPath(reuploaded.Key), "7f/.upload-456", ".upload-123", deep, "README",
 	} {
 		require.NoError(t, os.Chtimes(filepath.Join(root, p), old, old))
 	}
@@ -335,8 +359,8 @@ func TestRemoveOrphans(t *testing.T) {
 	removed, err := d.RemoveOrphans(t.Context(), time.Hour, func(key string) bool { return key == kept.Key })
 	require.NoError(t, err)
 
-	assert.Equal(t, 2, removed)
-	want := []string{"README", shardPath(kept.Key), shardPath(reuploaded.Key), shardPath(fresh.Key)}
+	assert.Equal(t, 3, removed)
+	want := []string{"README", deep, shardPath(kept.Key), shardPath(reuploaded.Key), shardPath(fresh.Key)}
 	sort.Strings(want)
 	assert.Equal(t, want, files(t, root))
 	_, _, err = d.Open(t.Context(), orphan.Key)

@@ -259,14 +259,20 @@ const stCallArgs = 1024
 type stApplyCall struct {
 	recipients []domain.UserID
 	keys       []string
-	lists      []any // the item lists' arguments
-	nlists     int
-	refs       []any // each key's list, from 1
+	// lists holds the call's script arguments as they are known: three slots
+	// for the cap, the TTL and the number of lists (filled in by args), then
+	// the item lists. Kept as one slice so that a call's arguments are not
+	// copied again before the client's own copy.
+	lists  []any
+	nlists int
+	refs   []any // each key's list, from 1
 	// shared finds the lists of single items (see stShareable).
 	shared map[stItem]int
 }
 
-func stNewApplyCall() *stApplyCall { return &stApplyCall{shared: map[stItem]int{}} }
+func stNewApplyCall() *stApplyCall {
+	return &stApplyCall{lists: make([]any, 3, 64), shared: map[stItem]int{}}
+}
 
 // stItem is a work item with at most one post, as a map key.
 type stItem struct {
@@ -292,18 +298,17 @@ func stShareable(items []Item) (stItem, bool) {
 }
 
 // size bounds the number of the call's script arguments.
-func (c *stApplyCall) size() int { return 3 + len(c.lists) + len(c.refs) }
+func (c *stApplyCall) size() int { return len(c.lists) + len(c.refs) }
 
 // args are the call's script arguments.
 func (c *stApplyCall) args(cfg Config) []any {
 	ttl := max(cfg.TTL.Milliseconds(), 1)
-	args := make([]any, 0, c.size())
-	args = append(args, strconv.Itoa(cfg.InboxCap), strconv.FormatInt(ttl, 10), strconv.Itoa(c.nlists))
-	args = append(args, c.lists...)
+	c.lists[0], c.lists[1], c.lists[2] = strconv.Itoa(cfg.InboxCap), strconv.FormatInt(ttl, 10), strconv.Itoa(c.nlists)
 	if c.nlists == 1 {
-		return args // every key has the one list
+		return c.lists // every key has the one list
 	}
-	return append(args, c.refs...)
+	// A copy: args is called again when the script must be loaded first.
+	return append(c.lists[:len(c.lists):len(c.lists)], c.refs...)
 }
 
 // String names the call's recipients in errors.
