@@ -35,8 +35,8 @@ var _ Store = (*Dir)(nil)
 // the file is written), on the same filesystem as its final place, so the
 // rename that publishes it is atomic. Not in the top directory: every create
 // in one directory takes that directory's lock, and concurrent uploads spun on
-// it (128 at once cost 850 us of CPU a file there, 47 us spread over the
-// shards).
+// it: under the bench's 500 uploads a second, creating the temporary files
+// took 10 of the service's 91 CPU seconds.
 const tempPrefix = ".upload-"
 
 // copyBuffers are the buffers uploads are copied through: os.File's ReadFrom
