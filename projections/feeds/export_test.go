@@ -31,3 +31,10 @@ func (p *Planner) SetBeforePlan(fn func()) { p.beforePlan = fn }
 
 // ErrStateLost is the planner's error for a Redis that lost its state.
 var ErrStateLost = errStateLost
+
+// Pages is how many pages c holds, expired or not.
+func (c *PageCache) Pages() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pages.Len()
+}

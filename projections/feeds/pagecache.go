@@ -208,6 +208,16 @@ func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, 
 	if c.valid(e) {
 		c.pages.Add(key, e)
 	}
+	// Pages past MaxAge are never served again: each page added takes up to
+	// two of them from the least recently used end, so they do not fill the
+	// cache (the pages of later cursors, read once, filled it in minutes).
+	for range 2 {
+		_, old, ok := c.pages.GetOldest()
+		if !ok || time.Since(old.at) <= c.cfg.MaxAge {
+			break
+		}
+		c.pages.RemoveOldest()
+	}
 	c.mu.Unlock()
 	page.Posts = slices.Clip(page.Posts)
 	return page, nil

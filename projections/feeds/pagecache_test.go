@@ -186,3 +186,30 @@ func TestPageCacheOverARingReadsThroughTheReader(t *testing.T) {
 	}
 	assert.Zero(t, c.Lookups("hit")+c.Lookups("miss"), "nothing is looked up in memory")
 }
+
+// TestPageCacheDropsExpiredPages: pages past MaxAge, never served again, leave
+// the cache as new ones come in rather than fill it.
+func TestPageCacheDropsExpiredPages(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t, feeds.Config{InboxCap: 50, TTL: time.Hour})
+	const maxAge = 200 * time.Millisecond
+	c := feeds.NewPageCache(feeds.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, feeds.PageCacheConfig{MaxAge: maxAge}, nil, slog.New(slog.DiscardHandler))
+	follow(t, c)
+	ctx := t.Context()
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
+	require.NoError(t, err)
+	page := func(before int64) {
+		t.Helper()
+		_, err := c.Page(ctx, alice, before, 2, 0)
+		require.NoError(t, err)
+	}
+	for _, before := range []int64{0, 60, 50, 40, 30} {
+		page(before)
+	}
+	require.Equal(t, 5, c.Pages())
+	time.Sleep(maxAge + maxAge/2)
+	page(20)
+	page(10)
+	page(0)
+	assert.Equal(t, 3, c.Pages(), "the five expired pages made way for three new ones")
+}

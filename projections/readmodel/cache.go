@@ -362,6 +362,28 @@ func (c *Cache) prune(now time.Time) {
 	c.floor = max(c.floor, passed)
 	c.modelBefore = c.model
 	c.pruned = now
+	c.expire(now)
+}
+
+// expire removes the entries past MaxAge from the least recently used end, up
+// to the first that is not: they are never served again, yet they filled the
+// cache over minutes under the bench's load, the memory rising all the while.
+// c.mu is held.
+func (c *Cache) expire(now time.Time) {
+	for {
+		_, e, ok := c.posts.GetOldest()
+		if !ok || now.Sub(e.at) < c.cfg.MaxAge {
+			break
+		}
+		c.posts.RemoveOldest()
+	}
+	for {
+		_, e, ok := c.likes.GetOldest()
+		if !ok || now.Sub(e.at) < c.cfg.MaxAge {
+			break
+		}
+		c.likes.RemoveOldest()
+	}
 }
 
 // watchModel reads the read model's position every pruneEvery until ctx

@@ -428,3 +428,39 @@ func TestCacheForgetsMarksWithoutReadsFromPostgres(t *testing.T) {
 	assert.Zero(t, cacheLookups(t, reg, "miss"), "posts went to Postgres: the cache started over")
 	assert.Equal(t, len(ids), int(cacheLookups(t, reg, "hit")))
 }
+
+// TestCacheDropsWhatExpired: posts and like states past MaxAge, never served
+// again, leave the cache rather than wait for its bound to push them out.
+func TestCacheDropsWhatExpired(t *testing.T) {
+	const maxAge = 300 * time.Millisecond
+	w := newCacheWorldWith(t, readmodel.CacheConfig{MaxAge: maxAge}, nil, func(c *readmodel.Cache) {
+		readmodel.SetPruneEvery(c, maxAge/10)
+	})
+	const post domain.PostID = 3_000_001
+	const viewer domain.UserID = 5
+	for i := range 20 {
+		w.append(t, created(post+domain.PostID(i), 1))
+	}
+	// A like and an edit: the post is then read from Postgres with a like
+	// count, which leaves its viewers' like states to be kept apart.
+	w.append(t, events.PostLiked{UserID: 7, PostID: post})
+	w.append(t, events.PostEdited{PostID: post, UserID: 1, Caption: "edited", EditedAt: time.Now()})
+	w.settled(t)
+	_, err := w.cache.Posts(context.Background(), []domain.PostID{post}, viewer, 0)
+	require.NoError(t, err)
+	posts, likes := readmodel.CacheSizes(w.cache)
+	require.Equal(t, 20, posts)
+	require.Positive(t, likes, "the viewer's and the liker's like states")
+
+	time.Sleep(maxAge)
+	// Events keep the cache's clock going, as a live log does.
+	for i := 0; ; i++ {
+		w.append(t, events.UserFollowed{FollowerID: domain.UserID(100 + i), FolloweeID: 9999})
+		posts, likes = readmodel.CacheSizes(w.cache)
+		if posts == 0 && likes == 0 {
+			break
+		}
+		require.Less(t, i, 100, "%d posts and %d like states past their age are still held", posts, likes)
+		time.Sleep(maxAge / 10)
+	}
+}

@@ -39,3 +39,10 @@ func SetCatchUpBatch(p *Projector, n int) { p.catchUp = n }
 
 // ErrBatchBefore voids a batch sent ahead of one that was not applied.
 var ErrBatchBefore = errBatchBefore
+
+// CacheSizes is how many posts and like states c holds, expired or not.
+func CacheSizes(c *Cache) (posts, likes int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.posts.Len(), c.likes.Len()
+}
