@@ -424,7 +424,7 @@ func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, want <-chan
 		if left < 0 {
 			return room
 		}
-		return min(room, max(left+fetchMargin, fetchMargin))
+		return min(room, left+fetchMargin)
 	}
 	pull := func(n int, wait time.Duration, f *fetched) error {
 		had := len(f.records)

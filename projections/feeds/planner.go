@@ -446,8 +446,7 @@ func (p *Planner) queuePosts(g *graphChanges, recs []events.Record, big map[doma
 			followers[a] = users
 		}
 		// The items are most of a batch's work: room for them at once rather
-		// than slices doubled again and again (a tenth of what the service
-		// allocated under the bench's fan-out).
+		// than slices doubled again and again as they are added.
 		n := 0
 		for i, rec := range recs {
 			if e, ok := rec.Event.(events.PostCreated); ok && pushed[i] {
