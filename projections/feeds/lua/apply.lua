@@ -25,10 +25,11 @@
 -- is not above it was applied before and is skipped. Only materialise creates
 -- an inbox (with both specials); every other op on a missing inbox is skipped.
 --
--- A push costs three commands when the inbox has room (read the specials,
--- count the posts, add the post with the new "s") and six when it is full; the
--- zset never holds more than the cap and the two specials, not even for a
--- moment. Newest first is what makes a push into a full inbox cheap: a
+-- A push costs four commands when the inbox has room (move "s" to the item's
+-- seq if it is newer, check the floor, count the posts, add the post) and
+-- seven when it is full (read its two oldest posts, remove the oldest, add,
+-- raise the floor); the zset never holds more than the cap and the two
+-- specials, not even for a moment. Newest first is what makes a push into a full inbox cheap: a
 -- listpack finds where a new entry goes by walking from its head, so the
 -- newest post lands after two entries rather than after all of them (a ZADD
 -- into 500 posts took 16 us in the other order, 3-5 us in this one), and the
@@ -97,7 +98,13 @@ for l = 1, tonumber(ARGV[3]) do
   -- A lone push: what a post's fan-out gives each follower.
   if #list == 1 and list[1].op == 1 and list[1].p then
     list.push = list[1]
-    list[1].post, list[1].score, list[1].s = ARGV[list[1].first], score(list[1].p), num(-(list[1].seq + 1))
+    local it = list[1]
+    it.post, it.score, it.s = ARGV[it.first], score(it.p), num(-(it.seq + 1))
+    -- The specials scored below the post's -(p+1), once "s" is the item's:
+    -- "f" if the floor is above the post, and "s" if the item's seq is.
+    it.under = '(' .. num(-(it.p + 1))
+    it.sUnder = 0
+    if it.seq > it.p then it.sUnder = 1 end
   end
   lists[l] = list
   i = i + 1
@@ -338,16 +345,49 @@ for r = 1, #KEYS do
   key = KEYS[r]
   local list = shared or lists[tonumber(ARGV[i + r - 1])]
   local lone = list.push
-  load()
-  if lone and exists and lone.seq > seq and lone.p >= floor then
-    count = rcall('ZCARD', key) - 2
-  end
-  if lone and count and count < cap then
-    -- The bulk of a fan-out, inline: a lone push into an inbox with room for
-    -- its post takes one more command, a ZADD of the post and "s".
-    rcall('ZADD', key, lone.score, lone.post, lone.s, 's')
-    applied = applied + 1
+  if lone then
+    -- A lone push, the bulk of a fan-out, reads nothing it can do without:
+    -- reading the specials' scores costs more than the add (Redis formats
+    -- each as a double, Lua parses it back). "s" takes the item's seq at once
+    -- if the inbox exists and the seq is above its own (LT: scores are
+    -- -(seq+1)); else the push was applied before, or there is no inbox, and
+    -- nothing is done. Then whether the post is below the floor is a count of
+    -- the specials scored under the post's -(p+1) (whether "s" is among them
+    -- is known), and whether the inbox has room is a count of its entries.
+    if rcall('ZADD', key, 'XX', 'LT', 'CH', lone.s, 's') == 1 then
+      applied = applied + 1
+      if rcall('ZCOUNT', key, '-inf', lone.under) == lone.sUnder then
+        local n = rcall('ZCARD', key) - 2
+        if n < cap then
+          rcall('ZADD', key, lone.score, lone.post)
+        elseif n == cap and cap > 1 then
+          -- Full: its oldest post o goes for the post, and the floor rises
+          -- to the oldest kept, o2 or the post, unless the post is o or is
+          -- older (then the floor rises to o), or the inbox had it (then o
+          -- goes back).
+          local tail = rcall('ZRANGE', key, -2, -1)
+          local o, o2 = tonumber(tail[2]), tonumber(tail[1])
+          if lone.p > o then
+            rcall('ZREMRANGEBYRANK', key, -1, -1)
+            if rcall('ZADD', key, lone.score, lone.post) == 1 then
+              rcall('ZADD', key, num(-(math.min(o2, lone.p) + 1)), 'f')
+            else
+              rcall('ZADD', key, score(o), tail[2])
+            end
+          elseif lone.p < o then
+            rcall('ZADD', key, num(-(o + 1)), 'f')
+          end
+        else
+          -- Over the cap (it was lowered): put trims.
+          load()
+          count = n
+          put(lone, floor)
+          save()
+        end
+      end
+    end
   else
+    load()
     local k = 1
     while k <= #list do
       local it = list[k]
