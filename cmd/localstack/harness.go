@@ -49,7 +49,7 @@ func ForTest(tb testing.TB) *Stack {
 		pgc <- pgResult{pg, err}
 	}()
 	n, natsErr := h.nats()
-	r, redisErr := h.redis()
+	r, redisErr := h.redis(nil)
 	res := <-pgc
 	// Register every successful start for cleanup before failing, so a
 	// partial stack does not leak processes.
@@ -102,8 +102,15 @@ func JetStreamForTest(tb testing.TB) jetstream.JetStream {
 // port; Cleanup stops it and removes its directory.
 func RedisForTest(tb testing.TB) *Redis {
 	tb.Helper()
+	return RedisUnderForTest(tb)
+}
+
+// RedisUnderForTest is RedisForTest with the server run under wrapper (see
+// RedisConfig.Wrapper).
+func RedisUnderForTest(tb testing.TB, wrapper ...string) *Redis {
+	tb.Helper()
 	h := newHarness(tb)
-	r, err := h.redis()
+	r, err := h.redis(wrapper)
 	if err != nil {
 		tb.Fatalf("localstack: %v", err)
 	}
@@ -169,10 +176,10 @@ func (h *harness) nats() (*NATS, error) {
 	return StartNATS(NATSConfig{Dir: filepath.Join(h.dir, "nats")}, h.natsLog)
 }
 
-func (h *harness) redis() (*Redis, error) {
+func (h *harness) redis(wrapper []string) (*Redis, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return StartRedis(ctx, RedisConfig{Dir: filepath.Join(h.dir, "redis")}, h.log)
+	return StartRedis(ctx, RedisConfig{Dir: filepath.Join(h.dir, "redis"), Wrapper: wrapper}, h.log)
 }
 
 func (h *harness) postgres() (*Postgres, error) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -243,6 +244,20 @@ func TestRedisNiceness(t *testing.T) {
 	}
 	assert.Equal(t, want, 20-got)
 	require.NoError(t, newRedisClient(t, r.URL()).Ping(ctx).Err())
+}
+
+// TestRedisUnderAWrapper: a wrapper is started with the server's path and
+// arguments after its own, and the server it runs is the one answering.
+func TestRedisUnderAWrapper(t *testing.T) {
+	t.Parallel()
+	seen := filepath.Join(t.TempDir(), "argv")
+	r := localstack.RedisUnderForTest(t, "sh", "-c", `printf '%s\n' "$@" > "$0"; exec "$@"`, seen)
+	require.NoError(t, newRedisClient(t, r.URL()).Ping(context.Background()).Err())
+	argv, err := os.ReadFile(seen)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(argv)), "\n")
+	assert.Equal(t, "redis-server", filepath.Base(lines[0]), "the server's path comes first after the wrapper's arguments")
+	assert.Contains(t, lines, strconv.Itoa(r.Port()))
 }
 
 func TestRedisMissingBinaryExplainsInstall(t *testing.T) {

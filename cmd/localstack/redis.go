@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,6 +41,10 @@ type RedisConfig struct {
 	// Binary is the redis-server executable; default "redis-server" from
 	// PATH, then /usr/bin/redis-server, /usr/local/bin/redis-server.
 	Binary string
+	// Wrapper, if set, is a command the server runs under, with its
+	// arguments, before the server's own path and arguments: valgrind and
+	// its options, to count what the server executes.
+	Wrapper []string
 	// Nice, if not 0, is the niceness the server's command thread is given
 	// once started. Lowering it below 0 takes privilege (root or
 	// CAP_SYS_NICE); without it the server keeps the default, and says so in
@@ -120,7 +125,11 @@ func startRedisOnce(ctx context.Context, bin string, cfg RedisConfig, log *slog.
 	if cfg.ZSetListpackEntries > 0 {
 		args = append(args, "--zset-max-listpack-entries", strconv.Itoa(cfg.ZSetListpackEntries))
 	}
-	cmd := exec.Command(bin, args...)
+	name, argv := bin, args
+	if len(cfg.Wrapper) > 0 {
+		name, argv = cfg.Wrapper[0], slices.Concat(cfg.Wrapper[1:], []string{bin}, args)
+	}
+	cmd := exec.Command(name, argv...)
 	cmd.Dir = cfg.Dir
 	proc, err := startChild("redis", cmd, log)
 	if err != nil {
