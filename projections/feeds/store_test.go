@@ -123,6 +123,13 @@ func TestApplyItems(t *testing.T) {
 			then:        inboxState{ids(40, 30, 20), 20, 11, true},
 		},
 		{
+			name:        "a lone push that becomes a full inbox's oldest is the floor",
+			given:       []feeds.Item{materialise(10, 0, 10, 30, 40)},
+			when:        []feeds.Item{push(11, 20)},
+			wantApplied: 1,
+			then:        inboxState{ids(40, 30, 20), 20, 11, true},
+		},
+		{
 			name:        "a lone push older than a full inbox's oldest stays out and raises the floor to it",
 			given:       []feeds.Item{materialise(10, 0, 10, 20, 30)},
 			when:        []feeds.Item{push(11, 5)},
