@@ -29,11 +29,11 @@
 -- seq if it is newer, check the floor, count the posts, add the post) and
 -- seven when it is full (read its two oldest posts, remove the oldest, add,
 -- raise the floor); the zset never holds more than the cap and the two
--- specials, not even for a moment. Newest first is what makes a push into a full inbox cheap: a
--- listpack finds where a new entry goes by walking from its head, so the
--- newest post lands after two entries rather than after all of them (a ZADD
--- into 500 posts took 16 us in the other order, 3-5 us in this one), and the
--- oldest, which trimming takes, are at the tail.
+-- specials, not even for a moment. Newest first is what makes a push into a
+-- full inbox cheap: a listpack finds where a new entry goes by walking from
+-- its head, so the newest post lands after two entries rather than after all
+-- of them (a ZADD into 500 posts took 16 us in the other order, 3-5 us in this
+-- one), and the oldest, which trimming takes, are at the tail.
 --
 -- Numbers go back to Redis through num(): Lua's own number-to-string
 -- conversion keeps 14 digits, and ids have up to 16.
@@ -378,7 +378,7 @@ for r = 1, #KEYS do
             rcall('ZADD', key, num(-(o + 1)), 'f')
           end
         else
-          -- Over the cap (it was lowered): put trims.
+          -- Over the cap (it was lowered), or a cap of one: put trims.
           load()
           count = n
           put(lone, floor)
