@@ -26,13 +26,13 @@ import (
 // around each measurement.
 //
 // Time on this machine moves with everything else running on it, by a third
-// between two measurements of the same code; an instruction count does not
-// move at all, so this tells two versions of the apply script apart where the
-// timed benchmark cannot. It leaves out what the kernel does for the network,
+// between two measurements of the same code; an instruction count moved by
+// under 0.5 % between runs, so this tells two versions of the apply script
+// apart where the timed benchmark cannot. It leaves out what the kernel does for the network,
 // which a raw ZADD spends more of, per entry, than a push: the ratio here is
 // lower than the timed one. It is skipped unless valgrind and
-// callgrind_control are installed (Debian's valgrind package); the
-// server runs some 50 times slower under it, so a run takes a few minutes.
+// callgrind_control are installed (Debian's valgrind package). The server
+// runs many times slower under it; a run takes about half a minute.
 //
 //	go test -run '^$' -bench BenchmarkFanoutInstructions -benchtime 1x ./projections/feeds
 func BenchmarkFanoutInstructions(b *testing.B) {
