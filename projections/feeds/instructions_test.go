@@ -52,7 +52,12 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 		followersN = 500
 		rounds     = 10
 	)
-	out := b.TempDir()
+	// FEED_BENCH_CALLGRIND_DIR keeps the dumps, one per measurement, for
+	// callgrind_annotate.
+	out := os.Getenv("FEED_BENCH_CALLGRIND_DIR")
+	if out == "" {
+		out = b.TempDir()
+	}
 	r := localstack.RedisUnderForTest(b, "valgrind", "--tool=callgrind", "--instr-atstart=no",
 		"--callgrind-out-file="+filepath.Join(out, "callgrind.out.%p"))
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), ReadTimeout: -1})
