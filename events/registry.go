@@ -72,11 +72,20 @@ var decodeOptions = json.JoinOptions(jsonv1.DefaultOptionsV1(), jsonv1.ReportErr
 // Decode parses a stored message body. For an unknown type it returns the
 // envelope, a nil event and an error wrapping ErrUnknownType.
 //
-// It is the projectors' hot path, so it reads the body once: json.Marshal
+// It is the projectors' hot path. A body as the log's writers store it is
+// read by decodeWritten, which knows its layout; any other by decode.
+func (r *Registry) Decode(data []byte) (Envelope, Event, error) {
+	if env, ev, ok := decodeWritten(data); ok {
+		return env, ev, nil
+	}
+	return r.decode(data)
+}
+
+// decode parses any body encoding/json would, reading it once: json.Marshal
 // writes the type before the payload, and the payload is decoded into its
 // event type where it stands (see payload), rather than copied out, checked
 // and scanned again as a second document.
-func (r *Registry) Decode(data []byte) (Envelope, Event, error) {
+func (r *Registry) decode(data []byte) (Envelope, Event, error) {
 	w := wires.Get().(*wire)
 	defer wires.Put(w)
 	*w = wire{Payload: payload{registry: r, body: data}}

@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 )
 
@@ -188,4 +191,118 @@ func TestDecodeKeepsThePayloadAsStored(t *testing.T) {
 		require.NoError(t, err)
 		assert.Contains(t, string(body), `"payload":`+string(env.Payload)+"}")
 	}
+}
+
+// written is every type's body as stored, with the variants a writer stores:
+// no images, images, and text that json.Marshal escapes or leaves as UTF-8.
+func written(t testing.TB) map[string][]byte {
+	bodies := map[string][]byte{}
+	for _, ev := range everyType() {
+		bodies[ev.Type()] = stored(t, ev)
+	}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	variants := map[string]events.Event{
+		"no images":     events.PostCreated{PostID: 1, UserID: 2, Caption: "", CreatedAt: at},
+		"empty images":  events.PostCreated{PostID: 1, UserID: 2, CreatedAt: at, Media: []events.Media{}},
+		"utf-8 text":    events.CommentAdded{CommentID: 3, PostID: 1, UserID: 2, Text: "schön 👍", CreatedAt: at},
+		"escaped text":  events.CommentAdded{CommentID: 3, PostID: 1, UserID: 2, Text: `"quoted" <b>`, CreatedAt: at},
+		"nanoseconds":   events.PostDeleted{PostID: 1, UserID: 2, DeletedAt: at.Add(123456789)},
+		"negative id":   events.UserFollowed{FollowerID: -4, FolloweeID: 0},
+		"largest id":    events.PostLiked{UserID: 2, PostID: 1<<53 - 1},
+		"the first day": events.PostEdited{PostID: 1, UserID: 2, EditedAt: time.Time{}},
+	}
+	for name, ev := range variants {
+		bodies[name] = stored(t, ev)
+	}
+	return bodies
+}
+
+// TestWrittenDecodesWhatWritersStore: the fast path reads the bodies writers
+// store, to what the general decoder makes of them, and leaves to it what it
+// does not know the layout of (escapes, times outside its years).
+func TestWrittenDecodesWhatWritersStore(t *testing.T) {
+	reg := events.NewRegistry()
+	declined := map[string]bool{"escaped text": true, "the first day": true}
+	for name, body := range written(t) {
+		t.Run(name, func(t *testing.T) {
+			env, ev, ok := events.DecodeWritten(body)
+			if declined[name] {
+				assert.False(t, ok)
+				return
+			}
+			require.True(t, ok, "%s", body)
+			wantEnv, want, err := reg.DecodeGeneral(body)
+			require.NoError(t, err)
+			assert.True(t, reflect.DeepEqual(wantEnv, env), "%#v\n%#v", wantEnv, env)
+			assert.True(t, reflect.DeepEqual(want, ev), "%#v\n%#v", want, ev)
+		})
+	}
+}
+
+// FuzzWrittenAsGeneral holds the fast path to the general decoder on any
+// body: what it decodes, the general decoder decodes the same (the same
+// values, down to time.Time's representation).
+func FuzzWrittenAsGeneral(f *testing.F) {
+	for _, body := range written(f) {
+		f.Add(body)
+	}
+	reg := events.NewRegistry()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		env, ev, ok := events.DecodeWritten(body)
+		if !ok {
+			return
+		}
+		wantEnv, want, err := reg.DecodeGeneral(body)
+		if err != nil {
+			t.Fatalf("fast path decoded %q, the general decoder refused it: %v", body, err)
+		}
+		if !reflect.DeepEqual(wantEnv, env) || !reflect.DeepEqual(want, ev) {
+			t.Fatalf("%q:\ngeneral %#v %#v\nfast    %#v %#v", body, wantEnv, want, env, ev)
+		}
+	})
+}
+
+// FuzzWrittenReadsWhatIsWritten builds events from the fuzzer's values, so
+// that it explores ids, texts and times rather than bytes: every body the
+// fast path takes decodes as the general decoder decodes it, and it takes
+// every body whose strings need no escape and whose times are in its years.
+func FuzzWrittenReadsWhatIsWritten(f *testing.F) {
+	f.Add(uint8(0), int64(1)<<40, int64(2), "first light", int64(1763805600123456789), uint8(2))
+	f.Add(uint8(7), int64(-1), int64(0), "ü\x00", int64(0), uint8(0))
+	reg := events.NewRegistry()
+	f.Fuzz(func(t *testing.T, kind uint8, a, b int64, text string, unixNano int64, images uint8) {
+		at := time.Unix(0, unixNano).UTC()
+		var media []events.Media
+		if images > 0 {
+			media = make([]events.Media, images%11)
+			for i := range media {
+				media[i] = events.Media{Key: text, ContentType: "image/png", Width: int(a % 5000), Height: int(b % 5000), Size: a}
+			}
+		}
+		evs := []events.Event{
+			events.PostCreated{PostID: domain.PostID(a), UserID: domain.UserID(b), Caption: text, CreatedAt: at, Media: media},
+			events.PostEdited{PostID: domain.PostID(a), UserID: domain.UserID(b), Caption: text, EditedAt: at},
+			events.PostDeleted{PostID: domain.PostID(a), UserID: domain.UserID(b), DeletedAt: at},
+			events.UserFollowed{FollowerID: domain.UserID(a), FolloweeID: domain.UserID(b)},
+			events.UserUnfollowed{FollowerID: domain.UserID(a), FolloweeID: domain.UserID(b)},
+			events.PostLiked{UserID: domain.UserID(a), PostID: domain.PostID(b)},
+			events.PostUnliked{UserID: domain.UserID(a), PostID: domain.PostID(b)},
+			events.CommentAdded{CommentID: domain.CommentID(a), PostID: domain.PostID(b), UserID: domain.UserID(a), Text: text, CreatedAt: at},
+		}
+		body := stored(t, evs[int(kind)%len(evs)])
+		env, ev, ok := events.DecodeWritten(body)
+		wantEnv, want, err := reg.DecodeGeneral(body)
+		require.NoError(t, err)
+		if !ok {
+			plain := !strings.ContainsAny(string(body), `\`)
+			small := func(n int64) bool { return n > -1e18 && n < 1e18 }
+			if plain && at.Year() >= 1000 && at.Year() <= 9999 && small(a) && small(b) {
+				t.Fatalf("fast path declined %s", body)
+			}
+			return
+		}
+		if !reflect.DeepEqual(wantEnv, env) || !reflect.DeepEqual(want, ev) {
+			t.Fatalf("%s:\ngeneral %#v %#v\nfast    %#v %#v", body, wantEnv, want, env, ev)
+		}
+	})
 }
