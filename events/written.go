@@ -38,10 +38,7 @@ func decodeWritten(data []byte) (Envelope, Event, bool) {
 		env.Type, ev = TypePostCreated, r.postCreated()
 	case TypePostEdited:
 		var e PostEdited
-		r.lit(`{"post_id":`)
-		e.PostID = domain.PostID(r.quotedInt())
-		r.lit(`,"user_id":`)
-		e.UserID = domain.UserID(r.quotedInt())
+		e.PostID, e.UserID = r.postOf(`{`)
 		r.lit(`,"caption":`)
 		e.Caption = r.str()
 		r.lit(`,"edited_at":`)
@@ -49,10 +46,7 @@ func decodeWritten(data []byte) (Envelope, Event, bool) {
 		env.Type, ev = TypePostEdited, e
 	case TypePostDeleted:
 		var e PostDeleted
-		r.lit(`{"post_id":`)
-		e.PostID = domain.PostID(r.quotedInt())
-		r.lit(`,"user_id":`)
-		e.UserID = domain.UserID(r.quotedInt())
+		e.PostID, e.UserID = r.postOf(`{`)
 		r.lit(`,"deleted_at":`)
 		e.DeletedAt = r.time()
 		env.Type, ev = TypePostDeleted, e
@@ -72,10 +66,7 @@ func decodeWritten(data []byte) (Envelope, Event, bool) {
 		var e CommentAdded
 		r.lit(`{"comment_id":`)
 		e.CommentID = domain.CommentID(r.quotedInt())
-		r.lit(`,"post_id":`)
-		e.PostID = domain.PostID(r.quotedInt())
-		r.lit(`,"user_id":`)
-		e.UserID = domain.UserID(r.quotedInt())
+		e.PostID, e.UserID = r.postOf(`,`)
 		r.lit(`,"text":`)
 		e.Text = r.str()
 		r.lit(`,"created_at":`)
@@ -96,10 +87,7 @@ func decodeWritten(data []byte) (Envelope, Event, bool) {
 
 func (r *scan) postCreated() PostCreated {
 	var e PostCreated
-	r.lit(`{"post_id":`)
-	e.PostID = domain.PostID(r.quotedInt())
-	r.lit(`,"user_id":`)
-	e.UserID = domain.UserID(r.quotedInt())
+	e.PostID, e.UserID = r.postOf(`{`)
 	r.lit(`,"caption":`)
 	e.Caption = r.str()
 	r.lit(`,"created_at":`)
@@ -129,6 +117,16 @@ func (r *scan) postCreated() PostCreated {
 		e.Media = append(e.Media, m)
 	}
 	return e
+}
+
+// postOf reads what follows sep in the events about a post: the post and
+// the user, in that order.
+func (r *scan) postOf(sep string) (domain.PostID, domain.UserID) {
+	r.lit(sep)
+	r.lit(`"post_id":`)
+	p := domain.PostID(r.quotedInt())
+	r.lit(`,"user_id":`)
+	return p, domain.UserID(r.quotedInt())
 }
 
 func (r *scan) followPair() (follower, followee domain.UserID) {
