@@ -50,18 +50,15 @@ func decodeWritten(data []byte) (Envelope, Event, bool) {
 		r.lit(`,"deleted_at":`)
 		e.DeletedAt = r.time()
 		env.Type, ev = TypePostDeleted, e
+	// An unfollow is laid out as a follow, an unlike as a like.
 	case TypeUserFollowed:
-		f, g := r.followPair()
-		env.Type, ev = TypeUserFollowed, UserFollowed{FollowerID: f, FolloweeID: g}
+		env.Type, ev = TypeUserFollowed, r.follow()
 	case TypeUserUnfollowed:
-		f, g := r.followPair()
-		env.Type, ev = TypeUserUnfollowed, UserUnfollowed{FollowerID: f, FolloweeID: g}
+		env.Type, ev = TypeUserUnfollowed, UserUnfollowed(r.follow())
 	case TypePostLiked:
-		u, p := r.likePair()
-		env.Type, ev = TypePostLiked, PostLiked{UserID: u, PostID: p}
+		env.Type, ev = TypePostLiked, r.like()
 	case TypePostUnliked:
-		u, p := r.likePair()
-		env.Type, ev = TypePostUnliked, PostUnliked{UserID: u, PostID: p}
+		env.Type, ev = TypePostUnliked, PostUnliked(r.like())
 	case TypeCommentAdded:
 		var e CommentAdded
 		r.lit(`{"comment_id":`)
@@ -129,19 +126,22 @@ func (r *scan) postOf(sep string) (domain.PostID, domain.UserID) {
 	return p, domain.UserID(r.quotedInt())
 }
 
-func (r *scan) followPair() (follower, followee domain.UserID) {
+func (r *scan) follow() UserFollowed {
+	var e UserFollowed
 	r.lit(`{"follower_id":`)
-	follower = domain.UserID(r.quotedInt())
+	e.FollowerID = domain.UserID(r.quotedInt())
 	r.lit(`,"followee_id":`)
-	followee = domain.UserID(r.quotedInt())
-	return follower, followee
+	e.FolloweeID = domain.UserID(r.quotedInt())
+	return e
 }
 
-func (r *scan) likePair() (domain.UserID, domain.PostID) {
+func (r *scan) like() PostLiked {
+	var e PostLiked
 	r.lit(`{"user_id":`)
-	u := domain.UserID(r.quotedInt())
+	e.UserID = domain.UserID(r.quotedInt())
 	r.lit(`,"post_id":`)
-	return u, domain.PostID(r.quotedInt())
+	e.PostID = domain.PostID(r.quotedInt())
+	return e
 }
 
 // scan reads a body front to back. The first thing that is not as expected
