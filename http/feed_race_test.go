@@ -357,14 +357,23 @@ func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
 	before := w.exact(t, a)
 	require.Len(t, before, 6)
 
-	// Inboxes score posts newest first: 2^53 - id.
-	key := fmt.Sprintf("feed:v1:{%d}:ix", a)
+	// Inboxes score posts newest first (2^53 - id), in segments: the
+	// corruption goes into the head, behind the store's back.
 	entry := func(p domain.PostID) redis.Z {
 		return redis.Z{Score: float64(domain.MaxID - int64(p)), Member: int64(p)}
 	}
-	require.NoError(t, w.rdb.ZAdd(ctx, key, entry(deleted)).Err())   // ghost: deleted
-	require.NoError(t, w.rdb.ZAdd(ctx, key, entry(stranger)).Err())  // ghost: not followed
-	require.NoError(t, w.rdb.ZRem(ctx, key, int64(bPosts[1])).Err()) // missing
+	segments := func() []string {
+		keys, err := w.store.InboxKeys(ctx, a)
+		require.NoError(t, err)
+		require.Greater(t, len(keys), 1)
+		return keys[1:]
+	}
+	key := segments()[0]
+	require.NoError(t, w.rdb.ZAdd(ctx, key, entry(deleted)).Err())  // ghost: deleted
+	require.NoError(t, w.rdb.ZAdd(ctx, key, entry(stranger)).Err()) // ghost: not followed
+	for _, k := range segments() {
+		require.NoError(t, w.rdb.ZRem(ctx, k, int64(bPosts[1])).Err()) // missing
+	}
 	_, err := w.maint.Pass(ctx)
 	require.NoError(t, err)
 	w.settle(t)
@@ -372,6 +381,7 @@ func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
 	assert.EqualValues(t, 3, w.store.Repairs())
 
 	// Entries of posts that do not exist are ghosts too.
+	key = segments()[0]
 	for i := range 5 {
 		require.NoError(t, w.rdb.ZAdd(ctx, key, entry(domain.PostID(10+i))).Err())
 	}
@@ -390,6 +400,7 @@ func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
 	}
 	trimmed := w.exact(t, a)
 	require.Len(t, trimmed, 8)
+	key = segments()[0]
 	for _, p := range before[len(before)-4:] {
 		require.NoError(t, w.rdb.ZAdd(ctx, key, entry(p)).Err())
 	}

@@ -378,10 +378,11 @@ func runModel(t *testing.T, cfg feeds.Config, steps int, seed uint64) {
 }
 
 // TestFeedInvariantsSmallCaps runs the model with caps of 20, so trimming,
-// floors and the fall-back to Postgres below them happen all the time, and a
-// big-account threshold of 8 followers.
+// floors and the fall-back to Postgres below them happen all the time, a
+// big-account threshold of 8 followers, and inboxes in segments of 3 posts,
+// so that their edges are crossed all the time too.
 func TestFeedInvariantsSmallCaps(t *testing.T) {
-	runModel(t, feeds.Config{InboxCap: 20, OutboxCap: 20, BigThreshold: 8}, 1500, 1)
+	runModel(t, feeds.Config{InboxCap: 20, SegmentSize: 3, OutboxCap: 20, BigThreshold: 8}, 1500, 1)
 }
 
 // TestFeedInvariantsRealCaps runs it with the production caps.

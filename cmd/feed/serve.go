@@ -322,6 +322,12 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		logger.Warn("Redis zset-max-listpack-entries is below the inbox cap: inboxes will use several times the memory; raise it",
 			"zset_max_listpack_entries", n, "want_at_least", cfg.InboxCap+2)
 	}
+	if evicts, policy, err := feedStore.CheckEviction(ctx); err != nil {
+		logger.Warn("cannot read maxmemory-policy", "err", err)
+	} else if evicts {
+		logger.Warn("Redis may evict keys: an evicted part of an inbox leaves a gap in a home feed; set maxmemory-policy noeviction",
+			"maxmemory_policy", policy)
+	}
 	var (
 		planner  *feeds.Planner
 		appliers *feeds.Applier

@@ -530,15 +530,26 @@ func BenchmarkInboxMemory(b *testing.B) {
 			b.Fatalf("%d of %d inboxes materialised", applied, inboxes)
 		}
 		after := usedMemory(b, rdb)
-		key := fmt.Sprintf("feed:v1:{%d}:ix", round*inboxes+1)
-		enc, err := rdb.ObjectEncoding(ctx, key).Result()
+		// One inbox is its meta and its segments.
+		keys, err := store.InboxKeys(ctx, domain.UserID(round*inboxes+1))
 		if err != nil {
 			b.Fatal(err)
 		}
-		one, err := rdb.MemoryUsage(ctx, key).Result()
-		if err != nil {
-			b.Fatal(err)
+		var one int64
+		encs := map[string]int{}
+		for _, k := range keys {
+			enc, err := rdb.ObjectEncoding(ctx, k).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, err := rdb.MemoryUsage(ctx, k).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			encs[enc]++
+			one += n
 		}
+		enc := fmt.Sprintf("%d keys: %v", len(keys), encs)
 		entries := float64(inboxes * size)
 		perEntry := float64(after-before) / entries
 		perEntryOne := float64(one) / float64(size)

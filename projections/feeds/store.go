@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -23,9 +24,13 @@ import (
 // default.
 type Config struct {
 	// InboxCap is how many posts an inbox keeps (default 500). Redis's
-	// zset-max-listpack-entries must be at least InboxCap+2 for inboxes to stay
-	// in the compact encoding (see CheckListpack).
+	// zset-max-listpack-entries must be at least InboxCap+2 for every inbox
+	// to stay in the compact encoding (see CheckListpack).
 	InboxCap int
+	// SegmentSize is how many posts one of an inbox's zsets takes from pushes
+	// (default 100; see apply.lua). Smaller is cheaper to push into and costs
+	// more keys; tests make it small to exercise the segments' edges.
+	SegmentSize int
 	// OutboxCap is how many posts an outbox keeps (default 500).
 	OutboxCap int
 	// TTL is how long an inbox lives after it was materialised or last read
@@ -38,6 +43,7 @@ type Config struct {
 
 const (
 	stDefaultInboxCap     = 500
+	stDefaultSegmentSize  = 100
 	stDefaultOutboxCap    = 500
 	stDefaultTTL          = 7 * 24 * time.Hour
 	stDefaultBigThreshold = 10000
@@ -79,6 +85,9 @@ func stWithDefaults(c Config) Config {
 	if c.InboxCap <= 0 {
 		c.InboxCap = stDefaultInboxCap
 	}
+	if c.SegmentSize <= 0 {
+		c.SegmentSize = stDefaultSegmentSize
+	}
 	if c.OutboxCap <= 0 {
 		c.OutboxCap = stDefaultOutboxCap
 	}
@@ -97,6 +106,7 @@ type Store struct {
 	rdb       redis.UniversalClient
 	cfg       Config
 	apply     *redis.Script
+	page      *redis.Script
 	outboxAdd *redis.Script
 	version   int64
 	prefix    string
@@ -118,6 +128,7 @@ func NewStore(rdb redis.UniversalClient, cfg Config) *Store {
 		rdb:       rdb,
 		cfg:       stWithDefaults(cfg),
 		apply:     redis.NewScript(stApplyLua),
+		page:      redis.NewScript(stPageLua),
 		outboxAdd: redis.NewScript(stOutboxAddLua),
 		repairs:   new(atomic.Int64),
 	}
@@ -259,9 +270,9 @@ const stCallArgs = 1024
 type stApplyCall struct {
 	recipients []domain.UserID
 	keys       []string
-	// lists holds the call's script arguments as they are known: three slots
-	// for the cap, the TTL and the number of lists (filled in by args), then
-	// the item lists. Kept as one slice so that a call's arguments are not
+	// lists holds the call's script arguments as they are known: four slots
+	// for the cap, the TTL, the segment size and the number of lists (filled
+	// in by args), then the item lists. Kept as one slice so that a call's arguments are not
 	// copied again before the client's own copy.
 	lists  []any
 	nlists int
@@ -271,7 +282,7 @@ type stApplyCall struct {
 }
 
 func stNewApplyCall() *stApplyCall {
-	return &stApplyCall{lists: make([]any, 3, 64), shared: map[stItem]int{}}
+	return &stApplyCall{lists: make([]any, 4, 64), shared: map[stItem]int{}}
 }
 
 // stItem is a work item with at most one post, as a map key.
@@ -303,7 +314,8 @@ func (c *stApplyCall) size() int { return len(c.lists) + len(c.refs) }
 // args are the call's script arguments.
 func (c *stApplyCall) args(cfg Config) []any {
 	ttl := max(cfg.TTL.Milliseconds(), 1)
-	c.lists[0], c.lists[1], c.lists[2] = strconv.Itoa(cfg.InboxCap), strconv.FormatInt(ttl, 10), strconv.Itoa(c.nlists)
+	c.lists[0], c.lists[1] = strconv.Itoa(cfg.InboxCap), strconv.FormatInt(ttl, 10)
+	c.lists[2], c.lists[3] = strconv.Itoa(cfg.SegmentSize), strconv.Itoa(c.nlists)
 	if c.nlists == 1 {
 		return c.lists // every key has the one list
 	}
@@ -716,12 +728,19 @@ func (s *Store) Page(ctx context.Context, user domain.UserID, bigFollowees []dom
 	if err != nil {
 		return Page{}, err
 	}
-	pipe := s.rdb.TxPipeline()
-	s.queueRefresh(ctx, pipe, user)
-	in := s.queueInbox(ctx, pipe, user, before, n)
-	outs := s.queueOutboxes(ctx, pipe, bigFollowees, by)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return Page{}, stFail(what, err)
+	var (
+		in   *redis.Cmd
+		outs []pageSource
+	)
+	err = s.withPageScript(ctx, what, func() error {
+		pipe := s.rdb.TxPipeline()
+		in = s.queueInbox(ctx, pipe, user, before, n, true)
+		outs = s.queueOutboxes(ctx, pipe, bigFollowees, by)
+		_, err := pipe.Exec(ctx)
+		return err
+	}, func() *redis.Cmd { return in })
+	if err != nil {
+		return Page{}, err
 	}
 	return mergePage(what, in, outs, n)
 }
@@ -749,30 +768,56 @@ func (s *Store) pageWithBig(ctx context.Context, user domain.UserID, before int6
 	if err != nil {
 		return Page{}, nil, err
 	}
-	pipe := s.rdb.TxPipeline()
-	if refresh {
-		s.queueRefresh(ctx, pipe, user)
-	}
-	bigs := pipe.SInter(ctx, s.key(stBigKey), s.userKey(user, stFollowsSuffix))
-	in := s.queueInbox(ctx, pipe, user, before, n)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return Page{}, nil, stFail(what, err)
+	var (
+		bigs *redis.StringSliceCmd
+		in   *redis.Cmd
+	)
+	err = s.withPageScript(ctx, what, func() error {
+		pipe := s.rdb.TxPipeline()
+		bigs = pipe.SInter(ctx, s.key(stBigKey), s.userKey(user, stFollowsSuffix))
+		in = s.queueInbox(ctx, pipe, user, before, n, refresh)
+		_, err := pipe.Exec(ctx)
+		return err
+	}, func() *redis.Cmd { return in })
+	if err != nil {
+		return Page{}, nil, err
 	}
 	followed, err := stParseUsers(bigs.Val(), what, bigs.Err())
-	if err != nil || len(followed) == 0 || errors.Is(in.floor.Err(), redis.Nil) {
+	if err != nil || len(followed) == 0 || errors.Is(in.Err(), redis.Nil) {
 		page, err := mergePage(what, in, nil, n)
 		return page, nil, err
 	}
 	// The outboxes a moment after the inbox: each is still read atomically
 	// with its floor, which is what the page's floor needs; a big account's
 	// post in between is a newer post of the feed, not a gap.
-	pipe = s.rdb.TxPipeline()
+	pipe := s.rdb.TxPipeline()
 	outs := s.queueOutboxes(ctx, pipe, followed, by)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return Page{}, nil, stFail(what, err)
 	}
 	page, err := mergePage(what, in, outs, n)
 	return page, followed, err
+}
+
+// withPageScript runs read, a transaction that reads an inbox with the page
+// script, whose command inbox returns; if Redis did not have the script
+// cached (a restart, SCRIPT FLUSH), it loads it and runs read again. The
+// script wrote nothing when it was refused.
+func (s *Store) withPageScript(ctx context.Context, what string, read func() error, inbox func() *redis.Cmd) error {
+	for range 2 {
+		err := read()
+		if ierr := inbox().Err(); ierr != nil && (errors.Is(ierr, redis.ErrNoScript) || redis.HasErrorPrefix(ierr, "NOSCRIPT")) {
+			if err := s.page.Load(ctx, s.rdb).Err(); err != nil {
+				return stFail(what+": load script", err)
+			}
+			continue
+		}
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return stFail(what, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%s: script cache flushed twice: %w", what, domain.ErrUnavailable)
 }
 
 // pageRange is the score range of a page of n posts below before.
@@ -787,30 +832,26 @@ func pageRange(what string, before int64, n int) (*redis.ZRangeBy, error) {
 	return by, nil
 }
 
-// pageSource is one sorted set a page reads: its floor and its posts in the
+// pageSource is one outbox a page reads: its floor and its posts in the
 // page's range, queued in the same transaction.
 type pageSource struct {
 	floor *redis.FloatCmd
 	posts *redis.StringSliceCmd
 }
 
-// queueRefresh queues the refresh of user's inbox's TTL: the user is active.
-// It goes before the reads of a transaction: Redis stops tracking a key for
-// its readers' caches when the key is changed, so a read before the refresh
-// would be left untracked (see PageCache).
-func (s *Store) queueRefresh(ctx context.Context, pipe redis.Pipeliner, user domain.UserID) {
-	pipe.PExpire(ctx, s.userKey(user, stInboxSuffix), s.cfg.TTL)
-}
-
-// queueInbox queues the read of user's inbox: at most n posts strictly below
-// before (0: from the newest), which it scores newest first (inboxScore).
-func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domain.UserID, before int64, n int) pageSource {
-	k := s.userKey(user, stInboxSuffix)
-	by := &redis.ZRangeBy{Min: "0", Max: strconv.FormatInt(inboxScore(1), 10), Count: int64(n)}
+// queueInbox queues the read of user's inbox by the page script (see
+// page.lua): at most n posts strictly below before (0: from the newest), which
+// it scores newest first (inboxScore), with its floor. With refresh it first
+// refreshes the TTL of the inbox's keys: the user is active.
+func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domain.UserID, before int64, n int, refresh bool) *redis.Cmd {
+	from, ttl := "0", "0"
 	if before > 0 {
-		by.Min = "(" + strconv.FormatInt(inboxScore(domain.PostID(before)), 10)
+		from = "(" + strconv.FormatInt(inboxScore(domain.PostID(before)), 10)
 	}
-	return pageSource{floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRangeByScore(ctx, k, by)}
+	if refresh {
+		ttl = strconv.FormatInt(max(s.cfg.TTL.Milliseconds(), 1), 10)
+	}
+	return s.page.EvalSha(ctx, pipe, []string{s.userKey(user, stInboxSuffix)}, from, n, ttl)
 }
 
 // inboxScore is the score of post p in an inbox: 2^53 - p, newest first (see
@@ -827,37 +868,71 @@ func (s *Store) queueOutboxes(ctx context.Context, pipe redis.Pipeliner, authors
 	return outs
 }
 
+// inboxPage is what the page script read of an inbox.
+type inboxPage struct {
+	floor   int64
+	seq     uint64
+	members []string
+}
+
+// stInboxPage decodes the page script's answer; ok is false when the inbox
+// does not exist.
+func stInboxPage(what string, cmd *redis.Cmd) (page inboxPage, ok bool, err error) {
+	vals, err := cmd.Slice()
+	if errors.Is(err, redis.Nil) {
+		return inboxPage{}, false, nil
+	}
+	if err != nil {
+		return inboxPage{}, false, stFail(what, err)
+	}
+	if len(vals) < 2 {
+		return inboxPage{}, false, fmt.Errorf("%s: unexpected answer %v", what, vals)
+	}
+	page.members = make([]string, len(vals)-2)
+	specials := [2]int64{}
+	for i, v := range vals {
+		m, isString := v.(string)
+		if !isString {
+			return inboxPage{}, false, fmt.Errorf("%s: unexpected answer %v", what, vals)
+		}
+		if i >= 2 {
+			page.members[i-2] = m
+			continue
+		}
+		sc, err := strconv.ParseFloat(m, 64)
+		if err != nil {
+			return inboxPage{}, false, fmt.Errorf("%s: special score %q: %w", what, m, err)
+		}
+		specials[i] = stSpecial(sc)
+	}
+	page.floor, page.seq = specials[0], uint64(specials[1])
+	return page, true, nil
+}
+
 // mergePage makes the page from the inbox's and the outboxes' reads: not
 // materialised without an inbox, else their posts at or above the highest of
 // their floors, newest first, without duplicates, at most n.
-func mergePage(what string, in pageSource, outs []pageSource, n int) (Page, error) {
-	// read returns a source's posts, whether its key exists, and its floor.
-	read := func(src pageSource) ([]string, bool, int64, error) {
-		f, err := src.floor.Result()
-		if errors.Is(err, redis.Nil) {
-			return nil, false, 0, nil
-		}
-		if err != nil {
-			return nil, false, 0, stFail(what, err)
-		}
-		ms, err := src.posts.Result()
-		if err != nil {
-			return nil, false, 0, stFail(what, err)
-		}
-		return ms, true, stSpecial(f), nil
-	}
-	members, ok, floor, err := read(in)
+func mergePage(what string, in *redis.Cmd, outs []pageSource, n int) (Page, error) {
+	inbox, ok, err := stInboxPage(what, in)
 	if err != nil || !ok {
 		return Page{}, err
 	}
+	floor := inbox.floor
 	all := make([]string, 0, n*(1+len(outs)))
-	all = append(all, members...)
+	all = append(all, inbox.members...)
 	for _, o := range outs {
-		ms, _, f, err := read(o)
-		if err != nil {
-			return Page{}, err
+		f, err := o.floor.Result()
+		if errors.Is(err, redis.Nil) {
+			continue
 		}
-		floor = max(floor, f)
+		if err != nil {
+			return Page{}, stFail(what, err)
+		}
+		ms, err := o.posts.Result()
+		if err != nil {
+			return Page{}, stFail(what, err)
+		}
+		floor = max(floor, stSpecial(f))
 		all = append(all, ms...)
 	}
 	posts := make([]domain.PostID, 0, len(all))
@@ -929,35 +1004,52 @@ func (s *Store) PopMaterialiseRequests(ctx context.Context, n int) ([]domain.Use
 // the TTL.
 func (s *Store) Inbox(ctx context.Context, user domain.UserID) (posts []domain.PostID, floor int64, seq uint64, ok bool, err error) {
 	what := fmt.Sprintf("read inbox of user %d", user)
-	zs, err := s.rdb.ZRangeWithScores(ctx, s.userKey(user, stInboxSuffix), 0, -1).Result()
+	cmd := s.page.Run(ctx, s.rdb, []string{s.userKey(user, stInboxSuffix)}, "0", math.MaxInt32, "0")
+	page, ok, err := stInboxPage(what, cmd)
+	if err != nil || !ok {
+		return nil, 0, 0, false, err
+	}
+	posts = make([]domain.PostID, 0, len(page.members))
+	for _, m := range page.members {
+		p, err := stParsePost(m)
+		if err != nil {
+			return nil, 0, 0, false, fmt.Errorf("%s: %w", what, err)
+		}
+		posts = append(posts, p)
+	}
+	return posts, page.floor, page.seq, true, nil
+}
+
+// InboxKeys returns the keys user's inbox is made of: its meta first, then
+// its segments from the newest. Nil if it does not exist.
+func (s *Store) InboxKeys(ctx context.Context, user domain.UserID) ([]string, error) {
+	what := fmt.Sprintf("list the keys of the inbox of user %d", user)
+	meta := s.userKey(user, stInboxSuffix)
+	sc, err := s.rdb.ZMScore(ctx, meta, "g", "h", "t").Result()
 	if err != nil {
-		return nil, 0, 0, false, stFail(what, err)
+		return nil, stFail(what, err)
 	}
-	if len(zs) == 0 {
-		return nil, 0, 0, false, nil
+	if len(sc) != 3 || sc[0] == 0 { // no meta, or one without "g"
+		return nil, nil
 	}
-	posts = make([]domain.PostID, 0, len(zs))
-	for _, z := range zs {
-		m, _ := z.Member.(string)
-		switch m {
-		case "f":
-			floor = stSpecial(z.Score)
-		case "s":
-			seq = uint64(stSpecial(z.Score))
-		default:
-			p, err := stParsePost(m)
-			if err != nil {
-				return nil, 0, 0, false, fmt.Errorf("%s: %w", what, err)
-			}
-			posts = append(posts, p)
+	keys := []string{meta}
+	for k := int64(sc[1]); k >= int64(sc[2]); k-- {
+		seg := fmt.Sprintf("%s:%d:%d", meta, int64(sc[0]), k)
+		n, err := s.rdb.Exists(ctx, seg).Result()
+		if err != nil {
+			return nil, stFail(what, err)
+		}
+		if n == 1 {
+			keys = append(keys, seg)
 		}
 	}
-	return posts, floor, seq, true, nil
+	return keys, nil
 }
 
 // CheckListpack returns Redis's zset-max-listpack-entries (zset-max-ziplist-
-// entries before Redis 7). Inboxes stay compact only if it is at least
-// InboxCap+2 (the posts and the two specials); the caller warns if not.
+// entries before Redis 7). Every inbox stays compact if it is at least
+// InboxCap+2 (no zset of an inbox holds more than the cap, and the meta
+// seven members); the caller warns if not.
 func (s *Store) CheckListpack(ctx context.Context) (entries int64, err error) {
 	for _, name := range []string{"zset-max-listpack-entries", "zset-max-ziplist-entries"} {
 		kv, err := s.rdb.ConfigGet(ctx, name).Result()
@@ -973,6 +1065,19 @@ func (s *Store) CheckListpack(ctx context.Context) (entries int64, err error) {
 		}
 	}
 	return 0, errors.New("read zset-max-listpack-entries: the server reports neither it nor zset-max-ziplist-entries")
+}
+
+// CheckEviction reports whether Redis may evict keys: it has a maxmemory
+// and a maxmemory-policy other than noeviction. An inbox is several keys
+// (see apply.lua), and one of its segments evicted would leave a gap in a
+// home feed that nothing notices; the caller warns.
+func (s *Store) CheckEviction(ctx context.Context) (evicts bool, policy string, err error) {
+	kv, err := s.rdb.ConfigGet(ctx, "maxmemory*").Result()
+	if err != nil {
+		return false, "", stFail("read maxmemory", err)
+	}
+	policy = kv["maxmemory-policy"]
+	return kv["maxmemory"] != "0" && policy != "noeviction", policy, nil
 }
 
 // stSpecial decodes a special member's score -(v+1).

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -67,6 +68,56 @@ func readInbox(t *testing.T, s *feeds.Store, user domain.UserID) inboxState {
 	posts, floor, seq, ok, err := s.Inbox(t.Context(), user)
 	require.NoError(t, err)
 	return inboxState{posts, floor, seq, ok}
+}
+
+// checkSegments checks the layout of user's inbox behind the store's back
+// (see apply.lua): every segment compact and of at most most posts, each
+// newer than the ones below it, the head's bound between them, the count of
+// the posts below the head, and every segment outliving the meta.
+func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, most int, msgAndArgs ...any) {
+	t.Helper()
+	ctx := t.Context()
+	meta := "feed:v1:{" + strconv.Itoa(int(user)) + "}:ix"
+	sc, err := rdb.ZMScore(ctx, meta, "f", "b", "g", "h", "t", "r").Result()
+	require.NoError(t, err)
+	if sc[2] == 0 {
+		return // no inbox
+	}
+	special := func(v float64) int64 { return -int64(v) - 1 }
+	floor, bound, gen, head, tail, below := special(sc[0]), special(sc[1]), int64(sc[2]), int64(sc[3]), int64(sc[4]), int64(sc[5])
+	require.LessOrEqual(t, tail, head, msgAndArgs...)
+	require.LessOrEqual(t, floor, bound, msgAndArgs...)
+	metaTTL, err := rdb.PTTL(ctx, meta).Result()
+	require.NoError(t, err)
+	newestBelow, counted := int64(0), int64(0)
+	for k := tail; k <= head; k++ {
+		key := fmt.Sprintf("%s:%d:%d", meta, gen, k)
+		ms, err := rdb.ZRange(ctx, key, 0, -1).Result()
+		require.NoError(t, err)
+		if len(ms) == 0 {
+			require.True(t, k > tail || tail == head, "tail segment %d missing: %v", k, msgAndArgs)
+			continue
+		}
+		require.LessOrEqual(t, len(ms), most, "segment %d: %v", k, msgAndArgs)
+		enc, err := rdb.ObjectEncoding(ctx, key).Result()
+		require.NoError(t, err)
+		require.Equal(t, "listpack", enc, "segment %d: %v", k, msgAndArgs)
+		ttl, err := rdb.PTTL(ctx, key).Result()
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, ttl, metaTTL, "segment %d: %v", k, msgAndArgs)
+		newest, _ := strconv.ParseInt(ms[0], 10, 64)
+		oldest, _ := strconv.ParseInt(ms[len(ms)-1], 10, 64)
+		require.Greater(t, oldest, newestBelow, "segment %d overlaps the ones below: %v", k, msgAndArgs)
+		require.GreaterOrEqual(t, oldest, floor, "segment %d: %v", k, msgAndArgs)
+		if k == head {
+			require.GreaterOrEqual(t, oldest, bound, "head: %v", msgAndArgs)
+		} else {
+			require.Less(t, newest, bound, "segment %d: %v", k, msgAndArgs)
+			counted += int64(len(ms))
+		}
+		newestBelow = newest
+	}
+	require.Equal(t, counted, below, "posts below the head: %v", msgAndArgs)
 }
 
 // TestApplyItems checks each work item's effect on alice's inbox (cap 3).
@@ -284,6 +335,126 @@ func TestApplyItems(t *testing.T) {
 
 // TestApplyItemsKeepsEachRecipientsOrder interleaves two recipients' items in
 // one batch: each inbox sees its own items in order, the other's not at all.
+// TestApplyItemsAcrossSegments checks the edges of an inbox's segments (see
+// apply.lua), with segments of 2 posts and a cap of 6: each call of when is
+// one ApplyItems, so that a single push takes the lone push's path.
+func TestApplyItemsAcrossSegments(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t, feeds.Config{InboxCap: 6, SegmentSize: 2})
+	tens := materialise(1, 0, 10, 20, 30, 40, 50, 60) // segments {10 20} {30 40} {50 60}
+	cases := []struct {
+		name string
+		when [][]feeds.Item
+		then inboxState
+	}{
+		{
+			name: "an unmerge raises the floor across two segments",
+			when: [][]feeds.Item{{unmerge(2, 45, 60)}},
+			then: inboxState{ids(50), 45, 2, true},
+		},
+		{
+			name: "a merge goes between segments, and the oldest go",
+			when: [][]feeds.Item{{merge(2, 0, 25, 35, 45)}},
+			then: inboxState{ids(60, 50, 45, 40, 35, 30), 30, 2, true},
+		},
+		{
+			name: "a lone push below the head's bound goes into place",
+			when: [][]feeds.Item{{push(2, 35)}},
+			then: inboxState{ids(60, 50, 40, 35, 30, 20), 20, 2, true},
+		},
+		{
+			name: "lone pushes fill new heads and empty the tail",
+			when: [][]feeds.Item{{push(2, 70)}, {push(3, 80)}, {push(4, 90)}},
+			then: inboxState{ids(90, 80, 70, 60, 50, 40), 40, 4, true},
+		},
+		{
+			name: "a run of pushes trims across two segments",
+			when: [][]feeds.Item{{push(2, 70), push(3, 80), push(4, 90), push(5, 100), push(6, 110)}},
+			then: inboxState{ids(110, 100, 90, 80, 70, 60), 60, 6, true},
+		},
+		{
+			name: "a removal that empties a middle segment leaves a gap that is skipped",
+			when: [][]feeds.Item{{remove(2, 30)}, {remove(3, 40)}, {push(4, 70)}, {push(5, 80)}, {push(6, 90)}},
+			then: inboxState{ids(90, 80, 70, 60, 50, 20), 20, 6, true},
+		},
+		{
+			name: "removals that empty the head and the tail",
+			when: [][]feeds.Item{{remove(2, 50), remove(3, 60), remove(4, 10), remove(5, 20)}, {push(6, 55)}, {push(7, 25)}},
+			then: inboxState{ids(55, 40, 30, 25), 0, 7, true},
+		},
+		{
+			name: "a reconcile rewrites the segments",
+			when: [][]feeds.Item{{{Recipient: alice, Seq: 2, Op: feeds.OpReconcile, Floor: 15, Posts: ids(20, 35, 50, 60, 70)}}},
+			then: inboxState{ids(70, 60, 50, 35, 20), 15, 2, true},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			require.NoError(t, rdb.FlushDB(ctx).Err())
+			_, err := s.ApplyItems(ctx, []feeds.Item{tens})
+			require.NoError(t, err)
+			checkSegments(t, rdb, alice, 4)
+			for i, call := range tc.when {
+				_, err := s.ApplyItems(ctx, call)
+				require.NoError(t, err)
+				checkSegments(t, rdb, alice, 4, "after call %d", i)
+			}
+			assert.Equal(t, tc.then, readInbox(t, s, alice))
+			// Pages of one post read the same, segment by segment.
+			var paged []domain.PostID
+			for before := int64(0); ; {
+				page, err := s.Page(ctx, alice, nil, before, 1)
+				require.NoError(t, err)
+				if len(page.Posts) == 0 {
+					break
+				}
+				paged = append(paged, page.Posts...)
+				before = int64(page.Posts[0])
+			}
+			assert.Equal(t, tc.then.posts, append(ids(), paged...))
+		})
+	}
+
+	t.Run("an expired meta's segments are never read again", func(t *testing.T) {
+		ctx := t.Context()
+		require.NoError(t, rdb.FlushDB(ctx).Err())
+		_, err := s.ApplyItems(ctx, []feeds.Item{tens})
+		require.NoError(t, err)
+		old, err := s.InboxKeys(ctx, alice)
+		require.NoError(t, err)
+		require.Len(t, old, 4)
+		require.NoError(t, rdb.Del(ctx, old[0]).Err()) // the meta expired first
+		_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 70)})
+		require.NoError(t, err)
+		assert.Equal(t, inboxState{}, readInbox(t, s, alice))
+		_, err = s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 5)})
+		require.NoError(t, err)
+		assert.Equal(t, inboxState{ids(5), 0, 1, true}, readInbox(t, s, alice))
+		n, err := rdb.Exists(ctx, old[1:]...).Result()
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), n, "the old segments live on until they expire")
+	})
+
+	t.Run("an inbox of the unsegmented layout is made anew", func(t *testing.T) {
+		ctx := t.Context()
+		require.NoError(t, rdb.FlushDB(ctx).Err())
+		key := "feed:v1:{1}:ix"
+		require.NoError(t, rdb.ZAdd(ctx, key, redis.Z{Score: -1, Member: "f"}, redis.Z{Score: -3, Member: "s"},
+			redis.Z{Score: float64(domain.MaxID - 10), Member: "10"}).Err())
+		assert.Equal(t, inboxState{}, readInbox(t, s, alice), "not materialised")
+		_, err := s.ApplyItems(ctx, []feeds.Item{push(3, 70)})
+		require.NoError(t, err)
+		n, err := rdb.Exists(ctx, key).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "a push deletes it")
+		require.NoError(t, rdb.ZAdd(ctx, key, redis.Z{Score: -1, Member: "f"}, redis.Z{Score: -3, Member: "s"}).Err())
+		_, err = s.ApplyItems(ctx, []feeds.Item{materialise(4, 0, 20)})
+		require.NoError(t, err)
+		assert.Equal(t, inboxState{ids(20), 0, 4, true}, readInbox(t, s, alice))
+	})
+}
+
 func TestApplyItemsKeepsEachRecipientsOrder(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t, feeds.Config{})
@@ -648,8 +819,17 @@ func (m *inboxModel) state() inboxState {
 // the cap and the two specials.
 func TestApplyItemsAgainstModel(t *testing.T) {
 	t.Parallel()
+	for _, size := range []int{2, 3, 100} {
+		t.Run(fmt.Sprintf("segments of %d", size), func(t *testing.T) {
+			t.Parallel()
+			testApplyItemsAgainstModel(t, size)
+		})
+	}
+}
+
+func testApplyItemsAgainstModel(t *testing.T, size int) {
 	const limit = 8
-	s, rdb := newStore(t, feeds.Config{InboxCap: limit})
+	s, rdb := newStore(t, feeds.Config{InboxCap: limit, SegmentSize: size})
 	ctx := t.Context()
 	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+2)).Err())
 	seed := rand.Uint64()
@@ -706,11 +886,7 @@ func TestApplyItemsAgainstModel(t *testing.T) {
 		_, err := s.ApplyItems(ctx, items)
 		require.NoError(t, err)
 		require.Equal(t, model.state(), readInbox(t, s, alice), "batch %d: %v", batch, items)
-		if model.exists {
-			enc, err := rdb.ObjectEncoding(ctx, "feed:v1:{1}:ix").Result()
-			require.NoError(t, err)
-			require.Equal(t, "listpack", enc, "batch %d", batch)
-		}
+		checkSegments(t, rdb, alice, min(2*size, limit), "batch %d: %v", batch, items)
 	}
 }
 
@@ -734,8 +910,13 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": r.Addr()}})
 	t.Cleanup(func() { _ = ring.Close() })
 
-	for name, rdb := range map[string]redis.UniversalClient{"single": single, "ring": ring} {
-		s := feeds.NewStore(rdb, feeds.Config{InboxCap: limit})
+	for _, run := range []struct {
+		name string
+		rdb  redis.UniversalClient
+		size int
+	}{{"single", single, 3}, {"single", single, 100}, {"ring", ring, 3}} {
+		name, rdb := fmt.Sprintf("%s, segments of %d", run.name, run.size), run.rdb
+		s := feeds.NewStore(rdb, feeds.Config{InboxCap: limit, SegmentSize: run.size})
 		seed := rand.Uint64()
 		t.Logf("%s: seed %d", name, seed)
 		rng := rand.New(rand.NewPCG(seed, 0))
@@ -806,11 +987,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 			require.NoError(t, err)
 			for u := domain.UserID(1); u <= users; u++ {
 				require.Equal(t, models[u].state(), readInbox(t, s, u), "%s: batch %d, user %d", name, batch, u)
-				if models[u].exists {
-					enc, err := single.ObjectEncoding(ctx, key(u)).Result()
-					require.NoError(t, err)
-					require.Equal(t, "listpack", enc, "%s: batch %d, user %d", name, batch, u)
-				}
+				checkSegments(t, single, u, min(2*run.size, limit), "%s: batch %d, user %d", name, batch, u)
 			}
 		}
 	}
@@ -873,14 +1050,41 @@ func TestInboxMemory(t *testing.T) {
 	_, err = s.ApplyItems(ctx, []feeds.Item{materialise(123456, 0, posts...)})
 	require.NoError(t, err)
 
-	enc, err := rdb.ObjectEncoding(ctx, "feed:v1:{1}:ix").Result()
+	checkSegments(t, rdb, alice, 200)
+	keys, err := s.InboxKeys(ctx, alice)
 	require.NoError(t, err)
-	assert.Equal(t, "listpack", enc)
-	bytes, err := rdb.MemoryUsage(ctx, "feed:v1:{1}:ix").Result()
-	require.NoError(t, err)
+	require.Len(t, keys, 6, "the meta and five segments of 100")
+	var bytes int64
+	for _, k := range keys {
+		n, err := rdb.MemoryUsage(ctx, k).Result()
+		require.NoError(t, err)
+		bytes += n
+	}
 	perEntry := float64(bytes) / 500
-	t.Logf("inbox of 500 posts: %d bytes, %.1f bytes per entry (%s)", bytes, perEntry, enc)
+	t.Logf("inbox of 500 posts: %d bytes in %d keys, %.1f bytes per entry", bytes, len(keys), perEntry)
 	assert.LessOrEqual(t, perEntry, 24.0)
+}
+
+func TestCheckEviction(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t, feeds.Config{})
+	ctx := t.Context()
+	for _, tc := range []struct {
+		maxmemory, policy string
+		evicts            bool
+	}{
+		{"0", "allkeys-lru", false},
+		{"1gb", "allkeys-lru", true},
+		{"1gb", "volatile-ttl", true},
+		{"1gb", "noeviction", false},
+	} {
+		require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", tc.maxmemory).Err())
+		require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", tc.policy).Err())
+		evicts, policy, err := s.CheckEviction(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, tc.evicts, evicts, "%s, %s", tc.maxmemory, tc.policy)
+		assert.Equal(t, tc.policy, policy)
+	}
 }
 
 // TestUnavailable: when Redis cannot be reached the errors say so, so that
@@ -919,7 +1123,7 @@ func TestUnavailable(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	t.Parallel()
 	s := feeds.NewStore(nil, feeds.Config{InboxCap: 7})
-	assert.Equal(t, feeds.Config{InboxCap: 7, OutboxCap: 500, TTL: 7 * 24 * time.Hour, BigThreshold: 10000}, s.Config())
+	assert.Equal(t, feeds.Config{InboxCap: 7, SegmentSize: 100, OutboxCap: 500, TTL: 7 * 24 * time.Hour, BigThreshold: 10000}, s.Config())
 	assert.Equal(t, "materialise", feeds.OpMaterialise.String())
 	assert.Equal(t, "op("+strconv.Itoa(9)+")", feeds.Op(9).String())
 }

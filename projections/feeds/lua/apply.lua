@@ -1,10 +1,11 @@
 -- Applies work items to the inboxes of one or more recipients: each
 -- recipient's items in order, the whole call atomically.
 --
--- KEYS[1..k] the recipients' inboxes, feed:v<N>:{<uid>}:ix
+-- KEYS[1..k] the recipients' inboxes (their meta keys), feed:v<N>:{<uid>}:ix
 -- ARGV[1]    the inbox cap (posts kept)
 -- ARGV[2]    the inbox TTL in milliseconds (set when materialising)
--- ARGV[3]    l, the number of item lists that follow
+-- ARGV[3]    S, the segment size (see below)
+-- ARGV[4]    l, the number of item lists that follow
 -- then       the l lists, each: m, then m items, each: op, seq, floor, n,
 --            post_1 .. post_n
 --            op: 1 push, 2 remove, 3 merge, 4 unmerge, 5 materialise,
@@ -17,23 +18,39 @@
 -- Redis Cluster refuses keys of different slots in one call, and every user's
 -- keys are in their own slot: there the caller sends one recipient per call.
 --
--- The inbox holds post ids as members scored by 2^53 minus themselves, so
--- newest first (>= 1), and two specials with negative scores, so they sort
--- before every post (ranks 0 and 1):
--- "f" = -(floor+1), the inbox is exactly the feed's posts with id >= floor; and
--- "s" = -(seq+1), the log sequence of the last item applied. An item whose seq
--- is not above it was applied before and is skipped. Only materialise creates
--- an inbox (with both specials); every other op on a missing inbox is skipped.
+-- An inbox is segmented (docs/segmented-inboxes.md): its posts are spread
+-- over zsets of about S posts, the segments <meta>:<g>:<k>, numbered t .. h
+-- from the oldest to the newest; every post of segment k is newer than every
+-- post of the segments below it. A listpack zset finds a member by walking it
+-- from its head, so adding a post to a zset of the whole inbox walked up to
+-- the cap's entries; a segment bounds that walk at about S. A post is scored
+-- by 2^53 minus its id, newest first.
 --
--- A push costs four commands when the inbox has room (move "s" to the item's
--- seq if it is newer, check the floor, count the posts, add the post) and
--- seven when it is full (read its two oldest posts, remove the oldest, add,
--- raise the floor); the zset never holds more than the cap and the two
--- specials, not even for a moment. Newest first is what makes a push into a
--- full inbox cheap: a listpack finds where a new entry goes by walking from
--- its head, so the newest post lands after two entries rather than after all
--- of them (a ZADD into 500 posts took 16 us in the other order, 3-5 us in this
--- one), and the oldest, which trimming takes, are at the tail.
+-- The meta zset holds no posts, only these members:
+-- "f" = -(floor+1), the inbox is exactly the feed's posts with id >= floor;
+-- "s" = -(seq+1), the log sequence of the last item applied. An item whose seq
+--       is not above it was applied before and is skipped;
+-- "b" = -(b+1), the head's lower bound: every post >= b belongs in segment h,
+--       every post below it in a lower one; b >= floor;
+-- "g" = the generation, which names the segments: a new inbox takes a new one,
+--       so that segments that outlived an old inbox's meta are never read;
+-- "h", "t" = the head and tail segment numbers (t <= h; segment t exists
+--       unless t = h: Redis deletes an emptied zset, so a segment between them
+--       may be missing, and readers skip it);
+-- "r" = how many posts the segments below the head hold.
+-- The first three are scored below every -(p+1) they are above (so a count
+-- of the members under -(p+1) tells where post p goes); the last four are
+-- >= 0, never among them. Only materialise creates an inbox; every other op
+-- on a missing inbox is skipped. A meta without "g" is an inbox of the
+-- unsegmented layout: it is deleted, and the next read materialises it anew.
+--
+-- Segments expire a second after the meta: while the meta lives, all of them do.
+-- A new post newer than the head's lower bound goes into the head, or into a
+-- new head when the head holds S (the posts move nowhere: the old head is
+-- below it). Trimming takes the oldest posts from the tail. What does not
+-- fit these (a merge of older posts, a post older than the head's bound) is
+-- rewritten: the inbox is read whole, changed, and written back in segments
+-- of S, the head the newest.
 --
 -- Numbers go back to Redis through num(): Lua's own number-to-string
 -- conversion keeps 14 digits, and ids have up to 16. Constant ranks are
@@ -46,7 +63,15 @@ local rcall, tonumber, format, unpack = redis.call, tonumber, string.format, unp
 local KEYS, ARGV = KEYS, ARGV
 
 local cap = tonumber(ARGV[1])
-local ttl = ARGV[2]
+local ttl = tonumber(ARGV[2])
+-- No segment is given more than the cap, so that a zset-max-listpack-entries
+-- of the cap and a few keeps every one compact, whatever S.
+local S = math.min(tonumber(ARGV[3]), cap)
+-- A head takes posts older than its newest (log order is not quite id order)
+-- up to 2S; past that the inbox is rewritten.
+local L = math.min(2 * S, cap)
+-- How much longer than the meta a segment lives.
+local margin = 1000
 
 local function num(x)
   return format('%d', x)
@@ -81,14 +106,13 @@ end
 -- its post as a string in post, its score and "s"'s score after it.
 --
 -- Reading them converts only what is used: tonumber() of a string parses it
--- twice (Lua checks that it is a number, then converts it), and for the
--- runs of pushes into full inboxes these conversions were 8 % of the server's work.
--- An op and a post count of one are looked up as strings; a floor is read
--- only by the ops that use it.
+-- twice (Lua checks that it is a number, then converts it). An op and a post
+-- count of one are looked up as strings; a floor is read only by the ops that
+-- use it.
 local opOf = {['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6}
 local lists = {}
-local i = 4
-for l = 1, tonumber(ARGV[3]) do
+local i = 5
+for l = 1, tonumber(ARGV[4]) do
   local list = {}
   for k = 1, tonumber(ARGV[i]) do
     local op = opOf[ARGV[i + 1]] or tonumber(ARGV[i + 1])
@@ -111,8 +135,9 @@ for l = 1, tonumber(ARGV[3]) do
     list.push = list[1]
     local it = list[1]
     it.post, it.score, it.s = ARGV[it.first], score(it.p), num(-(it.seq + 1))
-    -- The specials scored below the post's -(p+1), once "s" is the item's:
-    -- "f" if the floor is above the post, and "s" if the item's seq is.
+    -- The members scored below the post's -(p+1), once "s" is the item's:
+    -- "b" if the post belongs below the head, "f" if it is below the floor
+    -- (b >= floor), and "s" if the item's seq is above the post.
     it.under = '(' .. num(-(it.p + 1))
     it.sUnder = 0
     if it.seq > it.p then it.sUnder = 1 end
@@ -123,192 +148,250 @@ end
 -- With more than one list, ARGV[i + r - 1] is the list of KEYS[r].
 local shared = #lists == 1 and lists[1]
 
--- The inbox being changed and what is known of it.
-local key            -- KEYS[r]
+-- The inbox being changed and what is known of it. The fields of its meta
+-- are kept as they will be saved, with what was last saved of each.
+local key            -- KEYS[r], its meta
 local exists         -- whether it is materialised
-local floor, seq     -- its specials, as they will be saved
-local moved          -- whether seq changed since "s" was saved
-local saved          -- the floor as stored (nil: none stored yet)
-local count          -- its posts, or nil when not known
+local floor, seq, b  -- "f", "s", "b"
+local gen, h, t, r   -- "g", "h", "t", "r"
+local was = {}       -- the fields as stored (nil: not stored)
+local segp           -- the segments' names without their number
+local hc             -- the head's posts, or nil when not known
+local life           -- a new segment's TTL in ms (0: none), or nil when not known
 local dirty          -- whether an item was applied since the last save
-local pend, npend = {}, 0 -- ZADD arguments (score, member, ...) not yet sent
 
--- flush sends the queued ZADD. Adds are queued so that a push's post and the
--- new "s" go in one command.
-local function flush()
-  if npend > 0 then
-    rcall('ZADD', key, unpack(pend, 1, npend))
-    npend = 0
+local function seg(k)
+  return segp .. num(k)
+end
+
+-- setGen makes g the inbox's generation.
+local function setGen(g)
+  gen, segp = g, key .. ':' .. num(g) .. ':'
+end
+
+-- headCount is the number of posts in the head.
+local function headCount()
+  if not hc then hc = rcall('ZCARD', seg(h)) end
+  return hc
+end
+
+-- expire gives segment k the meta's life and a margin.
+local function expire(k)
+  if not life then
+    local ms = rcall('PTTL', key)
+    if ms > 0 then life = ms + margin else life = 0 end
   end
+  if life > 0 then rcall('PEXPIRE', seg(k), num(life)) end
 end
 
--- call runs a command on the inbox after the queued adds, so it sees them.
-local function call(cmd, ...)
-  flush()
-  return rcall(cmd, key, ...)
+-- tailUp moves t to the lowest segment that exists, or to h.
+local function tailUp()
+  while t < h and rcall('EXISTS', seg(t)) == 0 do t = t + 1 end
 end
 
--- queue adds member (a post id or a special) with score sc to the next ZADD.
-local function queue(sc, member)
-  pend[npend + 1], pend[npend + 2] = sc, member
-  npend = npend + 2
-  if npend >= 1000 then flush() end
-end
-
--- posts is the number of posts in the inbox: its entries but the specials,
--- which an inbox always has both of.
-local function posts()
-  if not count then count = call('ZCARD') - 2 end
-  return count
-end
-
--- putOne adds post p (pn its number) if it is >= min, as put does, in as few
--- commands as it takes: the case of a push. It returns false, having done
--- nothing, if the inbox holds more than the cap (which was lowered): put trims.
-local function putOne(p, pn, min)
-  if pn < min then return true end
-  local n = posts()
-  if n < cap then
-    -- Whether the inbox has it already does not matter: adding it again
-    -- changes nothing. How many posts it has is then not known.
-    queue(score(pn), p)
-    count = nil
-    return true
+-- oldest is the oldest post of the inbox, or nil if it has none.
+local function oldest()
+  for k = t, h do
+    local o = rcall('ZRANGE', seg(k), '-1', '-1')[1]
+    if o then return tonumber(o) end
   end
-  if n > cap then return false end
-  -- Full: its oldest goes to make room, unless p is older or it has p.
-  local old = call('ZRANGE', -math.min(n, 2), -1)
-  local o1, o2 = tonumber(old[#old]), tonumber(old[#old - 1])
-  if pn <= o1 then
-    if pn < o1 then floor = o1 end -- p goes at once; o1 is the oldest kept
-    return true
-  end
-  -- Newer than its newest, p is not in it; else it is looked up (a scan).
-  if pn <= tonumber(call('ZRANGE', '2', '2')[1]) and call('ZSCORE', p) then return true end
-  call('ZREMRANGEBYRANK', '-1', '-1')
-  if o2 and o2 < pn then floor = o2 else floor = pn end
-  queue(score(pn), p)
-  return true
+  return nil
 end
 
--- put adds the item's posts (it.posts, as numbers, if it has them, else its
--- arguments) that are >= min, keeping the cap newest posts; if any had to go,
--- the floor becomes the oldest kept. It makes room before it adds, so the zset
--- never holds more than the cap and the two specials: one that outgrew
--- zset-max-listpack-entries even for a moment would keep the large encoding for
--- good. It works on numbers, converted once: Lua sorts and compares them
--- natively, where strings each took a conversion per comparison.
-local function put(it, min)
-  if it.p and putOne(ARGV[it.first], it.p, min) then return end
-  local cand, seen = {}, {}
-  local src, lo, hi = it.posts, 1, 0
+-- add adds the posts ps (numbers, ascending) to segment k and returns how
+-- many were not there.
+local function add(k, ps, from, to)
+  if from > to then return 0 end
+  local args, n = {}, 0
+  for j = from, to do
+    args[n + 1], args[n + 2] = score(ps[j]), member(ps[j])
+    n = n + 2
+  end
+  return rcall('ZADD', seg(k), unpack(args, 1, n))
+end
+
+-- readAll returns every post of the inbox, as numbers, newest first.
+local function readAll()
+  local all = {}
+  for k = h, t, -1 do
+    local ms = rcall('ZRANGE', seg(k), '0', '-1')
+    for j = 1, #ms do all[#all + 1] = tonumber(ms[j]) end
+  end
+  return all
+end
+
+-- writeAll makes the inbox exactly the posts ps (numbers, any order, maybe
+-- repeated), kept to the cap newest; if any had to go, the floor becomes the
+-- oldest kept. The segments are written anew from t: the oldest S posts
+-- in t, the next S in t+1, and so on; the head h has the newest, S or fewer.
+local function writeAll(ps)
+  table.sort(ps, function(x, y) return x > y end)
+  local all, last = {}, nil
+  for j = 1, #ps do
+    if ps[j] ~= last and ps[j] >= floor then
+      all[#all + 1] = ps[j]
+      last = ps[j]
+    end
+  end
+  if #all > cap then
+    for j = #all, cap + 1, -1 do all[j] = nil end
+    floor = all[cap]
+  end
+  local old = {}
+  for k = t, h do old[#old + 1] = seg(k) end
+  if #old > 0 then rcall('DEL', unpack(old)) end
+  -- Oldest first, each segment's posts ascending: a listpack inserts a post
+  -- with a lower score than all it holds at its head.
+  local m = #all
+  local nseg = math.max(1, math.ceil(m / S))
+  local asc = {}
+  for j = 1, m do asc[j] = all[m - j + 1] end
+  for j = 0, nseg - 1 do
+    local from, to = j * S + 1, math.min((j + 1) * S, m)
+    if j == nseg - 1 then to = m end
+    if from <= to then
+      add(t + j, asc, from, to)
+      expire(t + j)
+    end
+  end
+  h = t + nseg - 1
+  hc = m - (nseg - 1) * S
+  r = m - hc
+  b = floor
+  if nseg > 1 then b = math.max(b, asc[(nseg - 1) * S] + 1) end
+end
+
+-- trim drops the oldest posts while the inbox holds more than the cap; if any
+-- went, the floor becomes the oldest kept.
+local function trim()
+  local d = r + headCount() - cap
+  if d <= 0 then return end
+  while d > 0 do
+    if t == h then
+      rcall('ZREMRANGEBYRANK', seg(h), -d, '-1')
+      hc = hc - d
+      d = 0
+    else
+      local n = rcall('ZCARD', seg(t))
+      if n <= d then
+        if n > 0 then rcall('DEL', seg(t)) end
+        r, d = r - n, d - n
+        t = t + 1
+        tailUp()
+      else
+        rcall('ZREMRANGEBYRANK', seg(t), -d, '-1')
+        r, d = r - d, 0
+      end
+    end
+  end
+  floor = oldest() or floor
+  b = math.max(b, floor)
+end
+
+-- addPosts adds posts (numbers, >= floor, no repeats) to the inbox, keeping
+-- the cap newest. Posts at or above b go into the head or new heads above it
+-- (a push, as a rule); if any is below b, or the head would outgrow L, the
+-- inbox is rewritten.
+local function addPosts(ps)
+  if #ps == 0 then return end
+  for j = 1, #ps do
+    if ps[j] < b then
+      local all = readAll()
+      for q = 1, #ps do all[#all + 1] = ps[q] end
+      writeAll(all)
+      return
+    end
+  end
+  local n = headCount()
+  if n + #ps <= S then
+    table.sort(ps)
+    hc = n + add(h, ps, 1, #ps)
+    if n == 0 then expire(h) end -- a head emptied by removals is gone
+    trim()
+    return
+  end
+  -- The posts newer than the head's newest go above it; the others into it.
+  local top = b - 1
+  if n > 0 then top = tonumber(rcall('ZRANGE', seg(h), '0', '0')[1]) end
+  local into, above = {}, {}
+  for j = 1, #ps do
+    if ps[j] <= top then into[#into + 1] = ps[j] else above[#above + 1] = ps[j] end
+  end
+  if n + #into > L then
+    local all = readAll()
+    for q = 1, #ps do all[#all + 1] = ps[q] end
+    writeAll(all)
+    return
+  end
+  table.sort(above)
+  local room = math.max(0, S - n - #into)
+  local first = math.min(room, #above)
+  for j = 1, first do into[#into + 1] = above[j] end
+  if first > 0 then top = above[first] end
+  hc = n + add(h, into, 1, #into)
+  if n == 0 and hc > 0 then expire(h) end
+  -- The rest in new heads of S each.
+  local j = first + 1
+  while j <= #above do
+    local to = math.min(j + S - 1, #above)
+    r = r + hc
+    h, b = h + 1, top + 1
+    hc = add(h, above, j, to)
+    expire(h)
+    top = above[to]
+    j = to + 1
+  end
+  trim()
+end
+
+-- remove takes the posts (strings) from ARGV[first .. last] out of the inbox.
+local function remove(first, last)
+  for k = t, h do
+    local gone = 0
+    for c = first, last, 1000 do
+      gone = gone + rcall('ZREM', seg(k), unpack(ARGV, c, math.min(c + 999, last)))
+    end
+    if k == h then
+      if hc then hc = hc - gone end
+    else
+      r = r - gone
+    end
+  end
+  tailUp()
+end
+
+-- raise lifts the floor to f, dropping the posts below it.
+local function raise(f)
+  if f <= floor then return end
+  for k = t, h do
+    local gone = rcall('ZREMRANGEBYSCORE', seg(k), '(' .. score(f), '+inf')
+    if k == h then
+      if hc then hc = hc - gone end
+    else
+      r = r - gone
+    end
+    if rcall('EXISTS', seg(k)) == 1 then break end
+  end
+  floor = f
+  b = math.max(b, f)
+  tailUp()
+end
+
+-- candidates are the item's posts (numbers) >= min without repeats; given a
+-- table of posts, those.
+local function candidates(it, min, src)
+  local out, seen = {}, {}
+  local lo, hi = 1, 0
   if src then hi = #src else lo, hi = it.first, it.last end
   for j = lo, hi do
     local p
     if src then p = src[j] else p = tonumber(ARGV[j]) end
     if p >= min and not seen[p] then
       seen[p] = true
-      cand[#cand + 1] = p
+      out[#out + 1] = p
     end
   end
-  if #cand == 0 then return end
-  local n = posts()
-  if n + #cand <= cap then
-    -- Room for all of them (see putOne).
-    for j = 1, #cand do queue(score(cand[j]), member(cand[j])) end
-    count = nil
-    return
-  end
-
-  -- The posts the inbox does not have yet. Those newer than its newest (a
-  -- push's post, as a rule) are new without a lookup, which would scan it.
-  local new, ask = {}, {}
-  local newest = 0
-  if n > 0 then newest = tonumber(call('ZRANGE', '2', '2')[1]) end
-  for j = 1, #cand do
-    if cand[j] > newest then new[#new + 1] = cand[j] else ask[#ask + 1] = cand[j] end
-  end
-  for c = 1, #ask, 500 do
-    local chunk = {}
-    for j = c, math.min(c + 499, #ask) do chunk[#chunk + 1] = member(ask[j]) end
-    local sc = call('ZMSCORE', unpack(chunk))
-    for j = 1, #chunk do
-      if not sc[j] then new[#new + 1] = ask[c + j - 1] end
-    end
-  end
-  table.sort(new)
-
-  local drop = n + #new - cap
-  local skip = 0 -- the oldest new posts, which are not added
-  if drop > 0 then
-    -- The drop oldest of the inbox and the new posts go. One more of the
-    -- inbox's is read: if it stays, it may be the oldest kept. They are read
-    -- from the tail, newest first, and turned oldest first.
-    local cut, a, b = 0, nil, nil
-    local pair = drop < n and call('ZRANGE', -(drop + 1), -drop)
-    if pair and new[1] and new[1] > tonumber(pair[2]) then
-      -- The new posts are all newer than the drop-th oldest of the inbox (as
-      -- a run of pushes is): the drop oldest go, and only the two entries
-      -- at the edge of the cut need reading.
-      cut, a, b = drop, tonumber(pair[1]), new[1]
-    else
-      local k, tail = math.min(drop + 1, n), {}
-      if k > 0 then tail = call('ZRANGE', -k, -1) end
-      local old = {}
-      for j = #tail, 1, -1 do old[#old + 1] = tonumber(tail[j]) end
-      for _ = 1, drop do
-        if cut < #old and (skip >= #new or old[cut + 1] < new[skip + 1]) then
-          cut = cut + 1
-        else
-          skip = skip + 1
-        end
-      end
-      a, b = old[cut + 1], new[skip + 1]
-    end
-    if cut > 0 then call('ZREMRANGEBYRANK', -cut, -1) end
-    -- The floor becomes the oldest kept, the inbox's or a new one.
-    if a and (not b or a < b) then floor = a else floor = b end
-    count = cap
-  else
-    count = n + #new
-  end
-  for j = skip + 1, #new do queue(score(new[j]), member(new[j])) end
-end
-
--- remove takes the item's posts out of the inbox.
-local function remove(it)
-  local args, gone = {}, 0
-  for j = it.first, it.last do
-    args[#args + 1] = ARGV[j]
-    if #args >= 1000 or j == it.last then
-      gone = gone + call('ZREM', unpack(args))
-      args = {}
-    end
-  end
-  if count then count = count - gone end
-end
-
--- raise lifts the floor to f, dropping the posts below it (never the specials).
-local function raise(f)
-  if f > floor then
-    local gone = call('ZREMRANGEBYSCORE', '(' .. score(f), '+inf')
-    if count then count = count - gone end
-    floor = f
-  end
-end
-
--- save stores the specials that changed, with the queued adds.
-local function save()
-  if floor ~= saved then
-    queue(num(-(floor + 1)), 'f')
-    saved = floor
-  end
-  if moved then
-    queue(num(-(seq + 1)), 's')
-    moved = false
-  end
-  flush()
-  dirty = false
+  return out
 end
 
 -- reconcile makes the inbox exactly the item's posts above the higher of its
@@ -322,89 +405,152 @@ local function reconcile(it)
   local f = math.max(floor, it.floor)
   local want, allowed, repairs = {}, {}, 0
   for j = it.first, it.last do
-    if tonumber(ARGV[j]) >= f then want[ARGV[j]] = true end
+    local p = tonumber(ARGV[j])
+    if p >= f then want[p] = true end
   end
-  for j = it.afirst, it.alast do allowed[ARGV[j]] = true end
-  local have = call('ZRANGE', 2, -1)
-  local present, remaining = {}, 0
+  for j = it.afirst, it.alast do allowed[tonumber(ARGV[j])] = true end
+  local have, kept, present = readAll(), {}, {}
   for _, p in ipairs(have) do
     present[p] = true
-    if tonumber(p) >= f and not want[p] and not allowed[p] then
-      call('ZREM', p)
+    if p >= f and not want[p] and not allowed[p] then
       repairs = repairs + 1
     else
-      remaining = remaining + 1
+      kept[#kept + 1] = p
     end
   end
-  count = remaining
-  if remaining > cap then repairs = repairs + remaining - cap end
+  if #kept > cap then repairs = repairs + #kept - cap end
   for p in pairs(want) do
     if not present[p] then repairs = repairs + 1 end
   end
-  raise(f)
-  put(it, floor)
+  floor = math.max(floor, f)
+  for p in pairs(want) do kept[#kept + 1] = p end
+  writeAll(kept)
   return repairs
 end
 
--- load reads the specials of the inbox.
+-- load reads the meta of the inbox. An inbox of the unsegmented layout is
+-- deleted: it does not exist.
 local function load()
-  exists, floor, seq, moved, saved, count, dirty = false, 0, 0, false, nil, nil, false
-  local sc = rcall('ZMSCORE', key, 'f', 's')
+  exists, floor, seq, b, hc, life, dirty = false, 0, 0, 0, nil, nil, false
+  was = {}
+  local sc = rcall('ZMSCORE', key, 'f', 's', 'b', 'g', 'h', 't', 'r')
+  if sc[1] and not sc[4] then
+    rcall('DEL', key)
+    return
+  end
   if sc[1] then
     exists = true
     floor = -tonumber(sc[1]) - 1
-    saved = floor
-    if sc[2] then seq = -tonumber(sc[2]) - 1 end
+    seq = -tonumber(sc[2]) - 1
+    b = -tonumber(sc[3]) - 1
+    setGen(tonumber(sc[4]))
+    h, t, r = tonumber(sc[5]), tonumber(sc[6]), tonumber(sc[7])
+    was = {f = floor, s = seq, b = b, g = gen, h = h, t = t, r = r}
   end
+end
+
+-- save stores the meta's fields that changed.
+local function save()
+  local args, n = {}, 0
+  local function put(name, v, sc)
+    if was[name] ~= v then
+      args[n + 1], args[n + 2] = num(sc), name
+      n = n + 2
+      was[name] = v
+    end
+  end
+  put('f', floor, -(floor + 1))
+  put('s', seq, -(seq + 1))
+  put('b', b, -(b + 1))
+  put('g', gen, gen)
+  put('h', h, h)
+  put('t', t, t)
+  put('r', r, r)
+  if n > 0 then rcall('ZADD', key, unpack(args, 1, n)) end
+  dirty = false
+end
+
+-- materialise creates the inbox from the item's posts.
+local function materialise(it)
+  local now = rcall('TIME')
+  setGen(tonumber(now[1]) * 1000000 + tonumber(now[2]))
+  exists, floor, seq, b, h, t, r, hc = true, it.floor, it.seq, it.floor, 1, 1, 0, 0
+  life = 0
+  if ttl > 0 then life = ttl + margin end
+  writeAll(candidates(it, floor))
+  save()
+  if ttl > 0 then rcall('PEXPIRE', key, num(ttl)) end
+end
+
+-- lone applies a lone push to the inbox key in as few commands as it takes.
+-- It returns whether the push was applied.
+local function lone(it)
+  -- Reading the specials' scores costs more than the add (Redis formats
+  -- each as a double, Lua parses it back). "s" takes the item's seq at once
+  -- if the inbox exists and the seq is above its own (LT: scores are
+  -- -(seq+1)); else the push was applied before, or there is no inbox, and
+  -- nothing is done. Then where the post goes is a count of the members
+  -- scored under the post's -(p+1) ("f" and "b", and whether "s" is among
+  -- them is known): none, the head; "b" only, a lower segment; both, nowhere
+  -- (it is below the floor).
+  if rcall('ZADD', key, 'XX', 'LT', 'CH', it.s, 's') == 0 then return false end
+  local under = rcall('ZCOUNT', key, '-inf', it.under) - it.sUnder
+  if under == 2 then return true end
+  local sc = rcall('ZMSCORE', key, 'g', 'h', 't', 'r')
+  if not sc[1] then
+    -- The unsegmented layout: gone, as if it had expired.
+    rcall('DEL', key)
+    return false
+  end
+  setGen(tonumber(sc[1]))
+  h, t, r, hc, life = tonumber(sc[2]), tonumber(sc[3]), tonumber(sc[4]), nil, nil
+  local n = headCount()
+  if under == 0 and r + n < cap and n < S then
+    -- Room in the head and in the inbox: the post goes in.
+    rcall('ZADD', seg(h), it.score, it.post)
+    if n == 0 then expire(h) end -- a new head, or one emptied by removals
+    return true
+  end
+  if under == 0 and r + n == cap and n < S and t < h and cap > 1 then
+    -- A full inbox: the post goes into the head, the tail's oldest goes, and
+    -- the floor rises to the oldest kept.
+    if rcall('ZADD', seg(h), it.score, it.post) == 0 then return true end
+    if n == 0 then expire(h) end
+    local two = rcall('ZRANGE', seg(t), '-2', '-1')
+    rcall('ZREMRANGEBYRANK', seg(t), '-1', '-1')
+    r = r - 1
+    local f
+    if two[2] then
+      f = tonumber(two[1])
+      rcall('ZADD', key, num(-(f + 1)), 'f', num(r), 'r')
+    else
+      t = t + 1
+      tailUp()
+      f = oldest()
+      if t < h then
+        rcall('ZADD', key, num(-(f + 1)), 'f', num(r), 'r', num(t), 't')
+      else
+        -- The head is the only segment left: its bound rises to the floor.
+        rcall('ZADD', key, num(-(f + 1)), 'f', num(r), 'r', num(t), 't', num(-(f + 1)), 'b')
+      end
+    end
+    return true
+  end
+  -- Anything else (a new head, a post below it, a cap lowered) the general
+  -- way: "s" has the item's seq already.
+  load()
+  addPosts(candidates(nil, floor, {it.p}))
+  save()
+  return true
 end
 
 local applied, repaired = 0, 0
 
-for r = 1, #KEYS do
-  key = KEYS[r]
-  local list = shared or lists[tonumber(ARGV[i + r - 1])]
-  local lone = list.push
-  if lone then
-    -- A lone push, the bulk of a fan-out, reads nothing it can do without:
-    -- reading the specials' scores costs more than the add (Redis formats
-    -- each as a double, Lua parses it back). "s" takes the item's seq at once
-    -- if the inbox exists and the seq is above its own (LT: scores are
-    -- -(seq+1)); else the push was applied before, or there is no inbox, and
-    -- nothing is done. Then whether the post is below the floor is a count of
-    -- the specials scored under the post's -(p+1) (whether "s" is among them
-    -- is known), and whether the inbox has room is a count of its entries.
-    if rcall('ZADD', key, 'XX', 'LT', 'CH', lone.s, 's') == 1 then
-      applied = applied + 1
-      if rcall('ZCOUNT', key, '-inf', lone.under) == lone.sUnder then
-        local n = rcall('ZCARD', key) - 2
-        if n < cap then
-          rcall('ZADD', key, lone.score, lone.post)
-        elseif n == cap and cap > 1 then
-          -- Full: its oldest post o goes for the post, and the floor rises
-          -- to the oldest kept, o2 or the post, unless the post is o or is
-          -- older (then the floor rises to o), or the inbox had it (then o
-          -- goes back).
-          local tail = rcall('ZRANGE', key, '-2', '-1')
-          local o, o2 = tonumber(tail[2]), tonumber(tail[1])
-          if lone.p > o then
-            rcall('ZREMRANGEBYRANK', key, '-1', '-1')
-            if rcall('ZADD', key, lone.score, lone.post) == 1 then
-              rcall('ZADD', key, num(-(math.min(o2, lone.p) + 1)), 'f')
-            else
-              rcall('ZADD', key, score(o), tail[2])
-            end
-          elseif lone.p < o then
-            rcall('ZADD', key, num(-(o + 1)), 'f')
-          end
-        else
-          -- Over the cap (it was lowered), or a cap of one: put trims.
-          load()
-          count = n
-          put(lone, floor)
-          save()
-        end
-      end
-    end
+for q = 1, #KEYS do
+  key = KEYS[q]
+  local list = shared or lists[tonumber(ARGV[i + q - 1])]
+  if list.push then
+    if lone(list.push) then applied = applied + 1 end
   else
     load()
     local k = 1
@@ -415,57 +561,51 @@ for r = 1, #KEYS do
         -- At the planner's position, which the inbox may already have reached.
         if exists and it.seq >= seq then
           repaired = repaired + reconcile(it)
-          seq, moved = it.seq, true
+          seq = it.seq
           applied, dirty = applied + 1, true
         end
       elseif op == 5 then
         if not exists then
-          exists, floor, seq, moved, count = true, it.floor, it.seq, true, 0
-          put(it, floor)
-          save()
-          call('PEXPIRE', ttl)
+          materialise(it)
           applied = applied + 1
         end
       elseif op < 1 or op > 6 then
         if dirty then save() end
         return redis.error_reply('ERR feed apply: unknown op ' .. num(op))
-      elseif op == 1 and exists and list[k + 1] and list[k + 1].op == 1 then
+      elseif op == 1 and exists then
         -- A run of pushes (what a recipient gets from a batch of posts under
-        -- load) is put at once: the inbox is read, trimmed and added to once,
-        -- not once a post. The result is the pushes' one by one: put keeps the
-        -- cap newest of the inbox and the posts, whatever their order, and a
-        -- post that a push before it would have put below the floor is among
-        -- the oldest, so it goes too. Each push is still skipped unless it is
-        -- newer than the last item applied.
-        local run = {posts = {}}
+        -- load) is put at once. The result is the pushes' one by one:
+        -- addPosts keeps the cap newest of the inbox and the posts, whatever
+        -- their order, and a post that a push before it would have put below
+        -- the floor is among the oldest, so it goes too. Each push is still
+        -- skipped unless it is newer than the last item applied.
+        local run = {}
         while list[k] and list[k].op == 1 do
           local p = list[k]
           if p.seq > seq then
             if p.p then
-              run.posts[#run.posts + 1] = p.p
+              run[#run + 1] = p.p
             else
-              for j = p.first, p.last do run.posts[#run.posts + 1] = tonumber(ARGV[j]) end
+              for j = p.first, p.last do run[#run + 1] = tonumber(ARGV[j]) end
             end
-            seq, moved = p.seq, true
+            seq = p.seq
             applied, dirty = applied + 1, true
           end
           k = k + 1
         end
-        put(run, floor)
+        addPosts(candidates(nil, floor, run))
         k = k - 1
       elseif exists and it.seq > seq then
-        if op == 1 then
-          put(it, floor)
-        elseif op == 2 then
-          remove(it)
+        if op == 2 then
+          remove(it.first, it.last)
         elseif op == 3 then
           raise(math.max(floor, it.floor))
-          put(it, floor)
-        else
-          remove(it)
+          addPosts(candidates(it, floor))
+        elseif op == 4 then
+          remove(it.first, it.last)
           raise(math.max(floor, it.floor))
         end
-        seq, moved = it.seq, true
+        seq = it.seq
         applied, dirty = applied + 1, true
       end
       k = k + 1

@@ -1,0 +1,43 @@
+-- Reads a page of an inbox (see apply.lua for its layout): its floor, the
+-- sequence of the last item applied, and at most n posts below a cursor,
+-- newest first, atomically.
+--
+-- KEYS[1] the inbox's meta, feed:v<N>:{<uid>}:ix
+-- ARGV[1] the lowest score (exclusive with "(") of the posts read: the
+--         cursor's, or "0" from the newest
+-- ARGV[2] n, the most posts read
+-- ARGV[3] a TTL in milliseconds to give the inbox first (the user is
+--         active), or "0"
+--
+-- Returns nil if the inbox does not exist (or has the unsegmented layout),
+-- else {"f"'s score, "s"'s score, post_1 .. post_m}.
+--
+-- The refresh goes before the reads: Redis stops tracking a key for its
+-- readers' caches when the key is changed, so a read before it would be left
+-- untracked (see PageCache). Every change apply.lua makes to an inbox changes
+-- its meta, which this reads: a reader tracking the meta hears of them all.
+
+local rcall, KEYS, ARGV = redis.call, KEYS, ARGV
+local key = KEYS[1]
+local ttl = ARGV[3]
+
+if ttl ~= '0' and rcall('PEXPIRE', key, ttl) == 0 then return false end
+local sc = rcall('ZMSCORE', key, 'f', 's', 'g', 'h', 't')
+if not sc[1] or not sc[3] then return false end
+local segp = key .. ':' .. string.format('%d', tonumber(sc[3])) .. ':'
+local h, t = tonumber(sc[4]), tonumber(sc[5])
+
+if ttl ~= '0' then
+  -- Segments live a second longer than the meta (apply.lua).
+  local life = string.format('%d', tonumber(ttl) + 1000)
+  for k = t, h do rcall('PEXPIRE', segp .. k, life) end
+end
+
+local out, n = {sc[1], sc[2]}, tonumber(ARGV[2])
+for k = h, t, -1 do
+  if n <= 0 then break end
+  local ms = rcall('ZRANGEBYSCORE', segp .. k, ARGV[1], '+inf', 'LIMIT', '0', n)
+  for j = 1, #ms do out[#out + 1] = ms[j] end
+  n = n - #ms
+end
+return out
