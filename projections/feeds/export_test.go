@@ -38,3 +38,6 @@ func (c *PageCache) Pages() int {
 	defer c.mu.Unlock()
 	return c.pages.Len()
 }
+
+// Layout decodes an inbox's layout member.
+func Layout(m string) (gen string, head, tail, below int64, ok bool) { return stLayout(m) }

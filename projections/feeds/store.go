@@ -1025,16 +1025,20 @@ func (s *Store) Inbox(ctx context.Context, user domain.UserID) (posts []domain.P
 func (s *Store) InboxKeys(ctx context.Context, user domain.UserID) ([]string, error) {
 	what := fmt.Sprintf("list the keys of the inbox of user %d", user)
 	meta := s.userKey(user, stInboxSuffix)
-	sc, err := s.rdb.ZMScore(ctx, meta, "g", "h", "t").Result()
+	last, err := s.rdb.ZRange(ctx, meta, -1, -1).Result()
 	if err != nil {
 		return nil, stFail(what, err)
 	}
-	if len(sc) != 3 || sc[0] == 0 { // no meta, or one without "g"
+	if len(last) == 0 {
 		return nil, nil
 	}
+	gen, head, tail, _, ok := stLayout(last[0])
+	if !ok {
+		return nil, nil // the unsegmented layout: not an inbox
+	}
 	keys := []string{meta}
-	for k := int64(sc[1]); k >= int64(sc[2]); k-- {
-		seg := fmt.Sprintf("%s:%d:%d", meta, int64(sc[0]), k)
+	for k := head; k >= tail; k-- {
+		seg := meta + ":" + gen + ":" + strconv.FormatInt(k, 10)
 		n, err := s.rdb.Exists(ctx, seg).Result()
 		if err != nil {
 			return nil, stFail(what, err)
@@ -1046,10 +1050,32 @@ func (s *Store) InboxKeys(ctx context.Context, user domain.UserID) ([]string, er
 	return keys, nil
 }
 
+// stLayout decodes an inbox's layout member, "<g>:<h>/<r>/<t>" (see
+// apply.lua).
+func stLayout(m string) (gen string, head, tail, below int64, ok bool) {
+	gen, rest, ok := strings.Cut(m, ":")
+	parts := strings.Split(rest, "/")
+	if !ok || len(parts) != 3 {
+		return "", 0, 0, 0, false
+	}
+	var nums [3]int64
+	for i, p := range parts {
+		n, err := strconv.ParseInt(p, 10, 64)
+		if err != nil {
+			return "", 0, 0, 0, false
+		}
+		nums[i] = n
+	}
+	if _, err := strconv.ParseUint(gen, 10, 64); err != nil {
+		return "", 0, 0, 0, false
+	}
+	return gen, nums[0], nums[2], nums[1], true
+}
+
 // CheckListpack returns Redis's zset-max-listpack-entries (zset-max-ziplist-
 // entries before Redis 7). Every inbox stays compact if it is at least
 // InboxCap+2 (no zset of an inbox holds more than the cap, and the meta
-// seven members); the caller warns if not.
+// four members); the caller warns if not.
 func (s *Store) CheckListpack(ctx context.Context) (entries int64, err error) {
 	for _, name := range []string{"zset-max-listpack-entries", "zset-max-ziplist-entries"} {
 		kv, err := s.rdb.ConfigGet(ctx, name).Result()

@@ -26,23 +26,27 @@
 -- the cap's entries; a segment bounds that walk at about S. A post is scored
 -- by 2^53 minus its id, newest first.
 --
--- The meta zset holds no posts, only these members:
+-- The meta zset holds no posts, only these four members:
 -- "f" = -(floor+1), the inbox is exactly the feed's posts with id >= floor;
 -- "s" = -(seq+1), the log sequence of the last item applied. An item whose seq
 --       is not above it was applied before and is skipped;
 -- "b" = -(b+1), the head's lower bound: every post >= b belongs in segment h,
 --       every post below it in a lower one; b >= floor;
--- "g" = the generation, which names the segments: a new inbox takes a new one,
+-- "<g>:<h>/<r>/<t>", the layout, scored 0 (so last, ZRANGE -1 -1):
+--       g, the generation, names the segments: a new inbox takes a new one,
 --       so that segments that outlived an old inbox's meta are never read;
--- "h", "t" = the head and tail segment numbers (t <= h; segment t exists
+--       h and t, the head and tail segment numbers (t <= h; segment t exists
 --       unless t = h: Redis deletes an emptied zset, so a segment between them
 --       may be missing, and readers skip it);
--- "r" = how many posts the segments below the head hold.
--- The first three are scored below every -(p+1) they are above (so a count
--- of the members under -(p+1) tells where post p goes); the last four are
--- >= 0, never among them. Only materialise creates an inbox; every other op
--- on a missing inbox is skipped. A meta without "g" is an inbox of the
--- unsegmented layout: it is deleted, and the next read materialises it anew.
+--       r, how many posts the segments below the head hold.
+--       It is a member, not scores, because reading a score costs more than
+--       the push it serves: Redis formats each as a double, Lua parses it back.
+--       A push into the head reads only "<g>:<h>", the head's name, and r.
+-- "f", "b" and "s" are scored below every -(p+1) they are above, so a count
+-- of the members under -(p+1) tells where post p goes. Only materialise
+-- creates an inbox; every other op on a missing inbox is skipped. A meta
+-- without a layout is an inbox of the unsegmented layout (its posts in it):
+-- it is deleted, and the next read materialises it anew.
 --
 -- Segments expire a second after the meta: while the meta lives, all of them do.
 -- A new post newer than the head's lower bound goes into the head, or into a
@@ -153,8 +157,8 @@ local shared = #lists == 1 and lists[1]
 local key            -- KEYS[r], its meta
 local exists         -- whether it is materialised
 local floor, seq, b  -- "f", "s", "b"
-local gen, h, t, r   -- "g", "h", "t", "r"
-local was = {}       -- the fields as stored (nil: not stored)
+local gen, h, t, r   -- the layout's (gen as a string of digits)
+local was = {}       -- the fields as stored (nil: not stored); the layout as lay
 local segp           -- the segments' names without their number
 local hc             -- the head's posts, or nil when not known
 local life           -- a new segment's TTL in ms (0: none), or nil when not known
@@ -164,9 +168,27 @@ local function seg(k)
   return segp .. num(k)
 end
 
--- setGen makes g the inbox's generation.
+-- setGen makes g (a string of digits) the inbox's generation.
 local function setGen(g)
-  gen, segp = g, key .. ':' .. num(g) .. ':'
+  gen, segp = g, key .. ':' .. g .. ':'
+end
+
+-- parse makes the layout member m the inbox's; false if it is not one.
+local function parse(m)
+  local g, hs, rs, ts = string.match(m, '^(%d+):(%d+)/(%d+)/(%d+)$')
+  if not g then return false end
+  setGen(g)
+  h, r, t = tonumber(hs), tonumber(rs), tonumber(ts)
+  return true
+end
+
+-- layout reads the meta's last member, its layout if it has one.
+local function layout()
+  return rcall('ZRANGE', key, '-1', '-1')[1] or ''
+end
+
+local function layoutOf()
+  return gen .. ':' .. num(h) .. '/' .. num(r) .. '/' .. num(t)
 end
 
 -- headCount is the number of posts in the head.
@@ -175,13 +197,18 @@ local function headCount()
   return hc
 end
 
--- expire gives segment k the meta's life and a margin.
-local function expire(k)
+-- expireKey gives the segment named k the meta's life and a margin.
+local function expireKey(k)
   if not life then
     local ms = rcall('PTTL', key)
     if ms > 0 then life = ms + margin else life = 0 end
   end
-  if life > 0 then rcall('PEXPIRE', seg(k), num(life)) end
+  if life > 0 then rcall('PEXPIRE', k, num(life)) end
+end
+
+-- expire gives segment k the meta's life and a margin.
+local function expire(k)
+  expireKey(seg(k))
 end
 
 -- tailUp moves t to the lowest segment that exists, or to h.
@@ -433,20 +460,18 @@ end
 local function load()
   exists, floor, seq, b, hc, life, dirty = false, 0, 0, 0, nil, nil, false
   was = {}
-  local sc = rcall('ZMSCORE', key, 'f', 's', 'b', 'g', 'h', 't', 'r')
-  if sc[1] and not sc[4] then
+  local sc = rcall('ZMSCORE', key, 'f', 's', 'b')
+  if not sc[1] then return end
+  local lay = layout()
+  if not parse(lay) then
     rcall('DEL', key)
     return
   end
-  if sc[1] then
-    exists = true
-    floor = -tonumber(sc[1]) - 1
-    seq = -tonumber(sc[2]) - 1
-    b = -tonumber(sc[3]) - 1
-    setGen(tonumber(sc[4]))
-    h, t, r = tonumber(sc[5]), tonumber(sc[6]), tonumber(sc[7])
-    was = {f = floor, s = seq, b = b, g = gen, h = h, t = t, r = r}
-  end
+  exists = true
+  floor = -tonumber(sc[1]) - 1
+  seq = -tonumber(sc[2]) - 1
+  b = -tonumber(sc[3]) - 1
+  was = {f = floor, s = seq, b = b, lay = lay}
 end
 
 -- save stores the meta's fields that changed.
@@ -462,10 +487,13 @@ local function save()
   put('f', floor, -(floor + 1))
   put('s', seq, -(seq + 1))
   put('b', b, -(b + 1))
-  put('g', gen, gen)
-  put('h', h, h)
-  put('t', t, t)
-  put('r', r, r)
+  local lay = layoutOf()
+  if lay ~= was.lay then
+    if was.lay then rcall('ZREM', key, was.lay) end
+    args[n + 1], args[n + 2] = '0', lay
+    n = n + 2
+    was.lay = lay
+  end
   if n > 0 then rcall('ZADD', key, unpack(args, 1, n)) end
   dirty = false
 end
@@ -473,7 +501,7 @@ end
 -- materialise creates the inbox from the item's posts.
 local function materialise(it)
   local now = rcall('TIME')
-  setGen(tonumber(now[1]) * 1000000 + tonumber(now[2]))
+  setGen(now[1] .. format('%06d', tonumber(now[2])))
   exists, floor, seq, b, h, t, r, hc = true, it.floor, it.seq, it.floor, 1, 1, 0, 0
   life = 0
   if ttl > 0 then life = ttl + margin end
@@ -492,25 +520,29 @@ local function lone(it)
   -- nothing is done. Then where the post goes is a count of the members
   -- scored under the post's -(p+1) ("f" and "b", and whether "s" is among
   -- them is known): none, the head; "b" only, a lower segment; both, nowhere
-  -- (it is below the floor).
+  -- (it is below the floor). (One ZRANGEBYSCORE of the members from -(p+1)
+  -- up, the layout last, costs more than the two reads.)
   if rcall('ZADD', key, 'XX', 'LT', 'CH', it.s, 's') == 0 then return false end
   local under = rcall('ZCOUNT', key, '-inf', it.under) - it.sUnder
   if under == 2 then return true end
-  local sc = rcall('ZMSCORE', key, 'g', 'h', 't', 'r')
-  if not sc[1] then
+  local lay = layout()
+  local hs, rs = string.match(lay, '^(%d+:%d+)/(%d+)/')
+  if not hs then
     -- The unsegmented layout: gone, as if it had expired.
     rcall('DEL', key)
     return false
   end
-  setGen(tonumber(sc[1]))
-  h, t, r, hc, life = tonumber(sc[2]), tonumber(sc[3]), tonumber(sc[4]), nil, nil
-  local n = headCount()
-  if under == 0 and r + n < cap and n < S then
+  life = nil
+  local head = key .. ':' .. hs
+  local n = rcall('ZCARD', head)
+  if under == 0 and n < S and tonumber(rs) + n < cap then
     -- Room in the head and in the inbox: the post goes in.
-    rcall('ZADD', seg(h), it.score, it.post)
-    if n == 0 then expire(h) end -- a new head, or one emptied by removals
+    rcall('ZADD', head, it.score, it.post)
+    if n == 0 then expireKey(head) end -- a new head, or one emptied by removals
     return true
   end
+  parse(lay)
+  hc = n
   if under == 0 and r + n == cap and n < S and t < h and cap > 1 then
     -- A full inbox: the post goes into the head, the tail's oldest goes, and
     -- the floor rises to the oldest kept.
@@ -522,17 +554,17 @@ local function lone(it)
     local f
     if two[2] then
       f = tonumber(two[1])
-      rcall('ZADD', key, num(-(f + 1)), 'f', num(r), 'r')
     else
       t = t + 1
       tailUp()
       f = oldest()
-      if t < h then
-        rcall('ZADD', key, num(-(f + 1)), 'f', num(r), 'r', num(t), 't')
-      else
-        -- The head is the only segment left: its bound rises to the floor.
-        rcall('ZADD', key, num(-(f + 1)), 'f', num(r), 'r', num(t), 't', num(-(f + 1)), 'b')
-      end
+    end
+    rcall('ZREM', key, lay)
+    if t < h then
+      rcall('ZADD', key, num(-(f + 1)), 'f', '0', layoutOf())
+    else
+      -- The head is the only segment left: its bound rises to the floor.
+      rcall('ZADD', key, num(-(f + 1)), 'f', '0', layoutOf(), num(-(f + 1)), 'b')
     end
     return true
   end

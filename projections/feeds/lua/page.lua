@@ -22,10 +22,13 @@ local key = KEYS[1]
 local ttl = ARGV[3]
 
 if ttl ~= '0' and rcall('PEXPIRE', key, ttl) == 0 then return false end
-local sc = rcall('ZMSCORE', key, 'f', 's', 'g', 'h', 't')
-if not sc[1] or not sc[3] then return false end
-local segp = key .. ':' .. string.format('%d', tonumber(sc[3])) .. ':'
-local h, t = tonumber(sc[4]), tonumber(sc[5])
+local sc = rcall('ZMSCORE', key, 'f', 's')
+if not sc[1] then return false end
+local lay = rcall('ZRANGE', key, '-1', '-1')[1]
+local g, hs, ts = string.match(lay, '^(%d+):(%d+)/%d+/(%d+)$')
+if not g then return false end
+local segp = key .. ':' .. g .. ':'
+local h, t = tonumber(hs), tonumber(ts)
 
 if ttl ~= '0' then
   -- Segments live a second longer than the meta (apply.lua).
