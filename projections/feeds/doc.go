@@ -15,13 +15,18 @@
 //	feed:version          string: the keyspace version in use (absent: 1).
 //	feed:rebuild          hash: the rebuild in progress (its version, the old).
 //	feed:rebuild:lock     string: held by the running rebuild, with a lease.
-//	<p>{<uid>}:ix         inbox zset: post ids scored by 2^53 minus themselves,
-//	                      newest first; "f" scored -(floor+1): the inbox is
+//	<p>{<uid>}:ix         inbox meta zset: "f" scored -(floor+1): the inbox is
 //	                      exactly the feed's posts with id >= floor; "s" scored
 //	                      -(seq+1): the log sequence of the last work item
-//	                      applied. Expires unless read. (Inboxes of earlier
-//	                      builds, <p>{<uid>}:in, scored posts by themselves, oldest
-//	                      first: no longer read, they expire.)
+//	                      applied; "b" scored -(b+1): the head's lower bound;
+//	                      the layout "<g>:<h>/<r>/<t>" scored 0. Expires
+//	                      unless read. (Inboxes of earlier builds: <p>{<uid>}:in,
+//	                      oldest first, and <p>{<uid>}:ix with the posts in it:
+//	                      no longer read, they expire or are deleted.)
+//	<p>{<uid>}:ix:<g>:<k> inbox segment k (t <= k <= h) of generation g: post ids
+//	                      scored by 2^53 minus themselves, newest first, each
+//	                      segment newer than those below it (see apply.lua).
+//	                      Expires a second after the meta.
 //	<p>{<uid>}:out        outbox zset: the author's post ids; "f" scored -(floor+1):
 //	                      exactly the author's live posts with id >= floor.
 //	<p>{<uid>}:fol        set: the user's followers.
@@ -33,7 +38,9 @@
 //
 // Post ids are 53-bit and time-ordered, so a post's id (in an inbox, 2^53
 // minus it) is its exact score and ordering by score is ordering by time; the
-// specials' negative scores keep them before every post. An inbox is newest
-// first because a listpack finds where a new entry goes by walking from its
-// head: a push lands at the head, and trimming takes from the tail.
+// outbox's special's negative score keeps it before every post. An inbox
+// segment is newest first because a listpack finds where a new entry goes by
+// walking from its head: a push lands at the head, and trimming takes from
+// the tail. It is segmented because a listpack also looks every added member
+// up by walking it whole (docs/segmented-inboxes.md).
 package feeds
