@@ -237,8 +237,9 @@ func setGCPercent(lookup func(string) (string, bool)) (int, bool) {
 }
 
 // listpackEntries is Redis' zset-max-listpack-entries for the feeds: above the
-// inbox cap and its two bookkeeping members, so every inbox stays a listpack.
-func listpackEntries(cfg config) int { return max(1024, cfg.InboxCap+2) }
+// inbox cap and a small inbox's five bookkeeping members, so every inbox stays
+// a listpack.
+func listpackEntries(cfg config) int { return max(1024, cfg.InboxCap+5) }
 
 // natsConfig is the NATS server that serve and dev run when NATS_URL is unset:
 // `feed nats`, a process of its own (localstack.StartNATSProcess).
@@ -318,9 +319,9 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	})
 	if n, err := feedStore.CheckListpack(ctx); err != nil {
 		logger.Warn("cannot read zset-max-listpack-entries", "err", err)
-	} else if n < int64(cfg.InboxCap+2) {
+	} else if n < int64(cfg.InboxCap+5) {
 		logger.Warn("Redis zset-max-listpack-entries is below the inbox cap: inboxes will use several times the memory; raise it",
-			"zset_max_listpack_entries", n, "want_at_least", cfg.InboxCap+2)
+			"zset_max_listpack_entries", n, "want_at_least", cfg.InboxCap+5)
 	}
 	if evicts, policy, err := feedStore.CheckEviction(ctx); err != nil {
 		logger.Warn("cannot read maxmemory-policy", "err", err)

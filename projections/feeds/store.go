@@ -24,7 +24,7 @@ import (
 // default.
 type Config struct {
 	// InboxCap is how many posts an inbox keeps (default 500). Redis's
-	// zset-max-listpack-entries must be at least InboxCap+2 for every inbox
+	// zset-max-listpack-entries must be at least InboxCap+5 for every inbox
 	// to stay in the compact encoding (see CheckListpack).
 	InboxCap int
 	// SegmentSize is how many posts one of an inbox's zsets takes from pushes
@@ -1025,19 +1025,20 @@ func (s *Store) Inbox(ctx context.Context, user domain.UserID) (posts []domain.P
 func (s *Store) InboxKeys(ctx context.Context, user domain.UserID) ([]string, error) {
 	what := fmt.Sprintf("list the keys of the inbox of user %d", user)
 	meta := s.userKey(user, stInboxSuffix)
-	last, err := s.rdb.ZRange(ctx, meta, -1, -1).Result()
+	lay, err := s.rdb.ZRangeByScore(ctx, meta, &redis.ZRangeBy{Min: "0", Max: "0"}).Result()
 	if err != nil {
 		return nil, stFail(what, err)
 	}
-	if len(last) == 0 {
+	if len(lay) == 0 {
+		return nil, nil // none, or the unsegmented layout: not an inbox
+	}
+	gen, head, tail, _, ok := stLayout(lay[0])
+	if !ok {
 		return nil, nil
 	}
-	gen, head, tail, _, ok := stLayout(last[0])
-	if !ok {
-		return nil, nil // the unsegmented layout: not an inbox
-	}
 	keys := []string{meta}
-	for k := head; k >= tail; k-- {
+	// Segment 0 is the meta itself (a small inbox).
+	for k := head; k >= max(tail, 1); k-- {
 		seg := meta + ":" + gen + ":" + strconv.FormatInt(k, 10)
 		n, err := s.rdb.Exists(ctx, seg).Result()
 		if err != nil {
@@ -1074,8 +1075,8 @@ func stLayout(m string) (gen string, head, tail, below int64, ok bool) {
 
 // CheckListpack returns Redis's zset-max-listpack-entries (zset-max-ziplist-
 // entries before Redis 7). Every inbox stays compact if it is at least
-// InboxCap+2 (no zset of an inbox holds more than the cap, and the meta
-// four members); the caller warns if not.
+// InboxCap+5 (no zset of an inbox holds more than the cap, and a small
+// inbox's meta its posts and five members more); the caller warns if not.
 func (s *Store) CheckListpack(ctx context.Context) (entries int64, err error) {
 	for _, name := range []string{"zset-max-listpack-entries", "zset-max-ziplist-entries"} {
 		kv, err := s.rdb.ConfigGet(ctx, name).Result()

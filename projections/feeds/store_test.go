@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -73,25 +74,50 @@ func readInbox(t *testing.T, s *feeds.Store, user domain.UserID) inboxState {
 // checkSegments checks the layout of user's inbox behind the store's back
 // (see apply.lua): every segment compact and of at most most posts, each
 // newer than the ones below it, the head's bound between them, the count of
-// the posts below the head, and every segment outliving the meta.
-func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, most int, msgAndArgs ...any) {
+// the posts below the head, and every segment outliving the meta; the posts
+// in the meta only if they are the one segment 0, at most S of them.
+func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, size, limit int, msgAndArgs ...any) {
 	t.Helper()
+	size = min(size, limit)
+	most := min(2*size, limit)
 	ctx := t.Context()
 	meta := "feed:v1:{" + strconv.Itoa(int(user)) + "}:ix"
 	sc, err := rdb.ZMScore(ctx, meta, "f", "b").Result()
 	require.NoError(t, err)
-	last, err := rdb.ZRangeWithScores(ctx, meta, -1, -1).Result()
+	special := func(v float64) int64 { return -int64(v) - 1 }
+	lay, err := rdb.ZRangeByScore(ctx, meta, &redis.ZRangeBy{Min: "0", Max: "0"}).Result()
 	require.NoError(t, err)
-	if len(last) == 0 {
+	if len(lay) == 0 {
+		n, err := rdb.Exists(ctx, meta).Result()
+		require.NoError(t, err)
+		require.Zero(t, n, "a meta without a layout: %v", msgAndArgs)
 		return // no inbox
 	}
+	require.Len(t, lay, 1, msgAndArgs...)
+	gen, head, tail, below, ok := feeds.Layout(lay[0])
+	require.True(t, ok, "layout %q: %v", lay[0], msgAndArgs)
 	n, err := rdb.ZCard(ctx, meta).Result()
 	require.NoError(t, err)
-	require.EqualValues(t, 4, n, "the meta holds f, s, b and the layout: %v", msgAndArgs)
-	require.Zero(t, last[0].Score, msgAndArgs...)
-	gen, head, tail, below, ok := feeds.Layout(last[0].Member.(string))
-	require.True(t, ok, "layout %q: %v", last[0].Member, msgAndArgs)
-	special := func(v float64) int64 { return -int64(v) - 1 }
+	inMeta, err := rdb.ZCount(ctx, meta, "(0", "+inf").Result()
+	require.NoError(t, err)
+	marked, err := rdb.ZScore(ctx, meta, "m").Result()
+	if errors.Is(err, redis.Nil) {
+		require.Positive(t, head, "a small inbox without its mark: %v", msgAndArgs)
+		require.Equal(t, n-4, inMeta, "the meta holds f, s, b, the layout and its posts: %v", msgAndArgs)
+	} else {
+		require.NoError(t, err)
+		require.True(t, math.IsInf(marked, -1), "the mark scored %v: %v", marked, msgAndArgs)
+		require.Zero(t, head, "a segmented inbox with the mark: %v", msgAndArgs)
+		require.Equal(t, n-5, inMeta, "the meta holds m, f, s, b, the layout and its posts: %v", msgAndArgs)
+	}
+	if head == 0 {
+		require.Zero(t, tail, "a small inbox has the one segment 0: %v", msgAndArgs)
+		require.Equal(t, special(sc[0]), special(sc[1]), "a small inbox's bound is its floor: %v", msgAndArgs)
+		require.LessOrEqual(t, inMeta, int64(size), "a small inbox holds at most S posts: %v", msgAndArgs)
+	} else {
+		require.Zero(t, inMeta, "a segmented inbox's meta holds no posts: %v", msgAndArgs)
+		require.Positive(t, tail, "segment 0 is a small inbox's alone: %v", msgAndArgs)
+	}
 	floor, bound := special(sc[0]), special(sc[1])
 	require.LessOrEqual(t, tail, head, msgAndArgs...)
 	require.LessOrEqual(t, floor, bound, msgAndArgs...)
@@ -100,7 +126,13 @@ func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, most int
 	newestBelow, counted := int64(0), int64(0)
 	for k := tail; k <= head; k++ {
 		key := fmt.Sprintf("%s:%s:%d", meta, gen, k)
-		ms, err := rdb.ZRange(ctx, key, 0, -1).Result()
+		var ms []string
+		if k == 0 {
+			key = meta
+			ms, err = rdb.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "(0", Max: "+inf"}).Result()
+		} else {
+			ms, err = rdb.ZRange(ctx, key, 0, -1).Result()
+		}
 		require.NoError(t, err)
 		if len(ms) == 0 {
 			require.True(t, k > tail || tail == head, "tail segment %d missing: %v", k, msgAndArgs)
@@ -110,9 +142,11 @@ func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, most int
 		enc, err := rdb.ObjectEncoding(ctx, key).Result()
 		require.NoError(t, err)
 		require.Equal(t, "listpack", enc, "segment %d: %v", k, msgAndArgs)
-		ttl, err := rdb.PTTL(ctx, key).Result()
-		require.NoError(t, err)
-		require.GreaterOrEqual(t, ttl, metaTTL, "segment %d: %v", k, msgAndArgs)
+		if k > 0 {
+			ttl, err := rdb.PTTL(ctx, key).Result()
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, ttl, metaTTL, "segment %d: %v", k, msgAndArgs)
+		}
 		newest, _ := strconv.ParseInt(ms[0], 10, 64)
 		oldest, _ := strconv.ParseInt(ms[len(ms)-1], 10, 64)
 		require.Greater(t, oldest, newestBelow, "segment %d overlaps the ones below: %v", k, msgAndArgs)
@@ -402,11 +436,11 @@ func TestApplyItemsAcrossSegments(t *testing.T) {
 			require.NoError(t, rdb.FlushDB(ctx).Err())
 			_, err := s.ApplyItems(ctx, []feeds.Item{tens})
 			require.NoError(t, err)
-			checkSegments(t, rdb, alice, 4)
+			checkSegments(t, rdb, alice, 2, 6)
 			for i, call := range tc.when {
 				_, err := s.ApplyItems(ctx, call)
 				require.NoError(t, err)
-				checkSegments(t, rdb, alice, 4, "after call %d", i)
+				checkSegments(t, rdb, alice, 2, 6, "after call %d", i)
 			}
 			assert.Equal(t, tc.then, readInbox(t, s, alice))
 			// Pages of one post read the same, segment by segment.
@@ -824,7 +858,7 @@ func (m *inboxModel) state() inboxState {
 // TestApplyItemsAgainstModel applies random batches of work items and compares
 // the inbox with the reference model after each. The inbox never leaves the
 // listpack encoding although zset-max-listpack-entries leaves no room beyond
-// the cap and the two specials.
+// the cap and a small inbox's five members more.
 func TestApplyItemsAgainstModel(t *testing.T) {
 	t.Parallel()
 	for _, size := range []int{2, 3, 100} {
@@ -839,7 +873,7 @@ func testApplyItemsAgainstModel(t *testing.T, size int) {
 	const limit = 8
 	s, rdb := newStore(t, feeds.Config{InboxCap: limit, SegmentSize: size})
 	ctx := t.Context()
-	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+2)).Err())
+	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+5)).Err())
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
@@ -894,7 +928,7 @@ func testApplyItemsAgainstModel(t *testing.T, size int) {
 		_, err := s.ApplyItems(ctx, items)
 		require.NoError(t, err)
 		require.Equal(t, model.state(), readInbox(t, s, alice), "batch %d: %v", batch, items)
-		checkSegments(t, rdb, alice, min(2*size, limit), "batch %d: %v", batch, items)
+		checkSegments(t, rdb, alice, size, limit, "batch %d: %v", batch, items)
 	}
 }
 
@@ -914,7 +948,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 	ctx := t.Context()
 	single := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	t.Cleanup(func() { _ = single.Close() })
-	require.NoError(t, single.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+2)).Err())
+	require.NoError(t, single.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+5)).Err())
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": r.Addr()}})
 	t.Cleanup(func() { _ = ring.Close() })
 
@@ -995,7 +1029,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 			require.NoError(t, err)
 			for u := domain.UserID(1); u <= users; u++ {
 				require.Equal(t, models[u].state(), readInbox(t, s, u), "%s: batch %d, user %d", name, batch, u)
-				checkSegments(t, single, u, min(2*run.size, limit), "%s: batch %d, user %d", name, batch, u)
+				checkSegments(t, single, u, run.size, limit, "%s: batch %d, user %d", name, batch, u)
 			}
 		}
 	}
@@ -1058,7 +1092,7 @@ func TestInboxMemory(t *testing.T) {
 	_, err = s.ApplyItems(ctx, []feeds.Item{materialise(123456, 0, posts...)})
 	require.NoError(t, err)
 
-	checkSegments(t, rdb, alice, 200)
+	checkSegments(t, rdb, alice, 100, 500)
 	keys, err := s.InboxKeys(ctx, alice)
 	require.NoError(t, err)
 	require.Len(t, keys, 6, "the meta and five segments of 100")

@@ -26,13 +26,21 @@
 -- the cap's entries; a segment bounds that walk at about S. A post is scored
 -- by 2^53 minus its id, newest first.
 --
--- The meta zset holds no posts, only these four members:
+-- A small inbox, of at most S posts, keeps them in its meta, as the one
+-- segment 0 (h = t = 0): a push into it reads and writes one key, which costs
+-- Redis about two thirds of what a push through the meta into a segment of
+-- its own does. It grows into segments 1 .. when a post would make it more
+-- than S, and goes back when rewritten with S or fewer.
+--
+-- The meta zset holds these four members (five for a small inbox), and the
+-- posts of segment 0:
 -- "f" = -(floor+1), the inbox is exactly the feed's posts with id >= floor;
 -- "s" = -(seq+1), the log sequence of the last item applied. An item whose seq
 --       is not above it was applied before and is skipped;
 -- "b" = -(b+1), the head's lower bound: every post >= b belongs in segment h,
 --       every post below it in a lower one; b >= floor;
--- "<g>:<h>/<r>/<t>", the layout, scored 0 (so last, ZRANGE -1 -1):
+-- "<g>:<h>/<r>/<t>", the layout, scored 0 (ZRANGEBYSCORE 0 0: the specials
+--       are below it, the posts above):
 --       g, the generation, names the segments: a new inbox takes a new one,
 --       so that segments that outlived an old inbox's meta are never read;
 --       h and t, the head and tail segment numbers (t <= h; segment t exists
@@ -42,8 +50,13 @@
 --       It is a member, not scores, because reading a score costs more than
 --       the push it serves: Redis formats each as a double, Lua parses it back.
 --       A push into the head reads only "<g>:<h>", the head's name, and r.
--- "f", "b" and "s" are scored below every -(p+1) they are above, so a count
--- of the members under -(p+1) tells where post p goes. Only materialise
+-- "m", scored -inf, only in a small inbox's meta: it marks it as small.
+-- "f", "b" and "s" are scored below every -(p+1) they are above, and "m"
+-- below them all, so a count of the members under -(p+1) tells where post p
+-- goes: 0, into the head of a segmented inbox; 1, into a small inbox ("m"),
+-- or below the head of a segmented one ("b"); 2 ("f" and "b") or 3 (and
+-- "m"), nowhere, below the floor. (A small inbox's b is its floor.)
+-- Only materialise
 -- creates an inbox; every other op on a missing inbox is skipped. A meta
 -- without a layout is an inbox of the unsegmented layout (its posts in it):
 -- it is deleted, and the next read materialises it anew.
@@ -165,7 +178,14 @@ local life           -- a new segment's TTL in ms (0: none), or nil when not kno
 local dirty          -- whether an item was applied since the last save
 
 local function seg(k)
+  if k == 0 then return key end
   return segp .. num(k)
+end
+
+-- postsOf returns the posts (strings) of segment k, newest first.
+local function postsOf(k)
+  if k == 0 then return rcall('ZRANGEBYSCORE', key, '(0', '+inf') end
+  return rcall('ZRANGE', seg(k), '0', '-1')
 end
 
 -- setGen makes g (a string of digits) the inbox's generation.
@@ -182,9 +202,9 @@ local function parse(m)
   return true
 end
 
--- layout reads the meta's last member, its layout if it has one.
+-- layout reads the meta's member scored 0, its layout if it has one.
 local function layout()
-  return rcall('ZRANGE', key, '-1', '-1')[1] or ''
+  return rcall('ZRANGEBYSCORE', key, '0', '0')[1] or ''
 end
 
 local function layoutOf()
@@ -193,7 +213,13 @@ end
 
 -- headCount is the number of posts in the head.
 local function headCount()
-  if not hc then hc = rcall('ZCARD', seg(h)) end
+  if not hc then
+    if h == 0 then
+      hc = rcall('ZCARD', key) - 5 -- "m", "f", "s", "b" and the layout
+    else
+      hc = rcall('ZCARD', seg(h))
+    end
+  end
   return hc
 end
 
@@ -206,9 +232,10 @@ local function expireKey(k)
   if life > 0 then rcall('PEXPIRE', k, num(life)) end
 end
 
--- expire gives segment k the meta's life and a margin.
+-- expire gives segment k the meta's life and a margin (segment 0, the meta,
+-- has its own).
 local function expire(k)
-  expireKey(seg(k))
+  if k > 0 then expireKey(seg(k)) end
 end
 
 -- tailUp moves t to the lowest segment that exists, or to h.
@@ -219,7 +246,12 @@ end
 -- oldest is the oldest post of the inbox, or nil if it has none.
 local function oldest()
   for k = t, h do
-    local o = rcall('ZRANGE', seg(k), '-1', '-1')[1]
+    local o
+    if k == 0 then
+      o = rcall('ZREVRANGEBYSCORE', key, '+inf', '(0', 'LIMIT', '0', '1')[1]
+    else
+      o = rcall('ZRANGE', seg(k), '-1', '-1')[1]
+    end
     if o then return tonumber(o) end
   end
   return nil
@@ -241,7 +273,7 @@ end
 local function readAll()
   local all = {}
   for k = h, t, -1 do
-    local ms = rcall('ZRANGE', seg(k), '0', '-1')
+    local ms = postsOf(k)
     for j = 1, #ms do all[#all + 1] = tonumber(ms[j]) end
   end
   return all
@@ -249,8 +281,9 @@ end
 
 -- writeAll makes the inbox exactly the posts ps (numbers, any order, maybe
 -- repeated), kept to the cap newest; if any had to go, the floor becomes the
--- oldest kept. The segments are written anew from t: the oldest S posts
--- in t, the next S in t+1, and so on; the head h has the newest, S or fewer.
+-- oldest kept. S posts or fewer go into the meta (segment 0); more are
+-- written anew in segments from t (1 if it was 0): the oldest S posts in t,
+-- the next S in t+1, and so on; the head h has the newest, S or fewer.
 local function writeAll(ps)
   table.sort(ps, function(x, y) return x > y end)
   local all, last = {}, nil
@@ -265,12 +298,18 @@ local function writeAll(ps)
     floor = all[cap]
   end
   local old = {}
-  for k = t, h do old[#old + 1] = seg(k) end
+  for k = math.max(t, 1), h do old[#old + 1] = seg(k) end
   if #old > 0 then rcall('DEL', unpack(old)) end
+  if t == 0 and hc ~= 0 then rcall('ZREMRANGEBYSCORE', key, '(0', '+inf') end
   -- Oldest first, each segment's posts ascending: a listpack inserts a post
   -- with a lower score than all it holds at its head.
   local m = #all
   local nseg = math.max(1, math.ceil(m / S))
+  if nseg == 1 then
+    t = 0
+  else
+    t = math.max(t, 1)
+  end
   local asc = {}
   for j = 1, m do asc[j] = all[m - j + 1] end
   for j = 0, nseg - 1 do
@@ -335,6 +374,13 @@ local function addPosts(ps)
     hc = n + add(h, ps, 1, #ps)
     if n == 0 then expire(h) end -- a head emptied by removals is gone
     trim()
+    return
+  end
+  if h == 0 then
+    -- A small inbox outgrows its meta: written anew in segments.
+    local all = readAll()
+    for q = 1, #ps do all[#all + 1] = ps[q] end
+    writeAll(all)
     return
   end
   -- The posts newer than the head's newest go above it; the others into it.
@@ -471,7 +517,7 @@ local function load()
   floor = -tonumber(sc[1]) - 1
   seq = -tonumber(sc[2]) - 1
   b = -tonumber(sc[3]) - 1
-  was = {f = floor, s = seq, b = b, lay = lay}
+  was = {f = floor, s = seq, b = b, lay = lay, small = h == 0}
 end
 
 -- save stores the meta's fields that changed.
@@ -487,13 +533,25 @@ local function save()
   put('f', floor, -(floor + 1))
   put('s', seq, -(seq + 1))
   put('b', b, -(b + 1))
+  local gone = {}
   local lay = layoutOf()
   if lay ~= was.lay then
-    if was.lay then rcall('ZREM', key, was.lay) end
+    if was.lay then gone[#gone + 1] = was.lay end
     args[n + 1], args[n + 2] = '0', lay
     n = n + 2
     was.lay = lay
   end
+  local small = h == 0
+  if small ~= (was.small or false) then
+    if small then
+      args[n + 1], args[n + 2] = '-inf', 'm'
+      n = n + 2
+    else
+      gone[#gone + 1] = 'm'
+    end
+    was.small = small
+  end
+  if #gone > 0 then rcall('ZREM', key, unpack(gone)) end
   if n > 0 then rcall('ZADD', key, unpack(args, 1, n)) end
   dirty = false
 end
@@ -502,7 +560,7 @@ end
 local function materialise(it)
   local now = rcall('TIME')
   setGen(now[1] .. format('%06d', tonumber(now[2])))
-  exists, floor, seq, b, h, t, r, hc = true, it.floor, it.seq, it.floor, 1, 1, 0, 0
+  exists, floor, seq, b, h, t, r, hc = true, it.floor, it.seq, it.floor, 0, 0, 0, 0
   life = 0
   if ttl > 0 then life = ttl + margin end
   writeAll(candidates(it, floor))
@@ -518,14 +576,29 @@ local function lone(it)
   -- if the inbox exists and the seq is above its own (LT: scores are
   -- -(seq+1)); else the push was applied before, or there is no inbox, and
   -- nothing is done. Then where the post goes is a count of the members
-  -- scored under the post's -(p+1) ("f" and "b", and whether "s" is among
-  -- them is known): none, the head; "b" only, a lower segment; both, nowhere
-  -- (it is below the floor). (One ZRANGEBYSCORE of the members from -(p+1)
-  -- up, the layout last, costs more than the two reads.)
+  -- scored under the post's -(p+1) (see the meta above; whether "s" is among
+  -- them is known). (One ZRANGEBYSCORE of the members from -(p+1) up, the
+  -- layout last, costs more than the two reads.)
   if rcall('ZADD', key, 'XX', 'LT', 'CH', it.s, 's') == 0 then return false end
   local under = rcall('ZCOUNT', key, '-inf', it.under) - it.sUnder
-  if under == 2 then return true end
-  local lay = layout()
+  if under >= 2 then return true end
+  if under == 1 then
+    -- A small inbox with room: the post goes into the meta. Else the meta
+    -- has four members, a segmented inbox's (the post is below its head), or
+    -- the small inbox is full: the general way.
+    local n = rcall('ZCARD', key) - 5
+    if n >= 0 and n < S then
+      rcall('ZADD', key, it.score, it.post)
+      return true
+    end
+    load()
+    if not exists then return false end -- the unsegmented layout, deleted
+    addPosts(candidates(nil, floor, {it.p}))
+    save()
+    return true
+  end
+  -- A segmented inbox: its meta has no posts, so its layout is last.
+  local lay = rcall('ZRANGE', key, '-1', '-1')[1] or ''
   local hs, rs = string.match(lay, '^(%d+:%d+)/(%d+)/')
   if not hs then
     -- The unsegmented layout: gone, as if it had expired.
@@ -535,7 +608,7 @@ local function lone(it)
   life = nil
   local head = key .. ':' .. hs
   local n = rcall('ZCARD', head)
-  if under == 0 and n < S and tonumber(rs) + n < cap then
+  if n < S and tonumber(rs) + n < cap then
     -- Room in the head and in the inbox: the post goes in.
     rcall('ZADD', head, it.score, it.post)
     if n == 0 then expireKey(head) end -- a new head, or one emptied by removals
@@ -543,7 +616,7 @@ local function lone(it)
   end
   parse(lay)
   hc = n
-  if under == 0 and r + n == cap and n < S and t < h and cap > 1 then
+  if r + n == cap and n < S and t < h and cap > 1 then
     -- A full inbox: the post goes into the head, the tail's oldest goes, and
     -- the floor rises to the oldest kept.
     if rcall('ZADD', seg(h), it.score, it.post) == 0 then return true end

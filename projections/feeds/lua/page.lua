@@ -24,7 +24,8 @@ local ttl = ARGV[3]
 if ttl ~= '0' and rcall('PEXPIRE', key, ttl) == 0 then return false end
 local sc = rcall('ZMSCORE', key, 'f', 's')
 if not sc[1] then return false end
-local lay = rcall('ZRANGE', key, '-1', '-1')[1]
+local lay = rcall('ZRANGEBYSCORE', key, '0', '0')[1]
+if not lay then return false end
 local g, hs, ts = string.match(lay, '^(%d+):(%d+)/%d+/(%d+)$')
 if not g then return false end
 local segp = key .. ':' .. g .. ':'
@@ -33,13 +34,21 @@ local h, t = tonumber(hs), tonumber(ts)
 if ttl ~= '0' then
   -- Segments live a second longer than the meta (apply.lua).
   local life = string.format('%d', tonumber(ttl) + 1000)
-  for k = t, h do rcall('PEXPIRE', segp .. k, life) end
+  for k = math.max(t, 1), h do rcall('PEXPIRE', segp .. k, life) end
 end
 
 local out, n = {sc[1], sc[2]}, tonumber(ARGV[2])
 for k = h, t, -1 do
   if n <= 0 then break end
-  local ms = rcall('ZRANGEBYSCORE', segp .. k, ARGV[1], '+inf', 'LIMIT', '0', n)
+  local ms
+  if k == 0 then
+    -- A small inbox's posts are in the meta, scored above its layout's 0.
+    local from = ARGV[1]
+    if from == '0' then from = '(0' end
+    ms = rcall('ZRANGEBYSCORE', key, from, '+inf', 'LIMIT', '0', n)
+  else
+    ms = rcall('ZRANGEBYSCORE', segp .. k, ARGV[1], '+inf', 'LIMIT', '0', n)
+  end
   for j = 1, #ms do out[#out + 1] = ms[j] end
   n = n - #ms
 end
