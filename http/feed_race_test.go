@@ -357,15 +357,19 @@ func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
 	before := w.exact(t, a)
 	require.Len(t, before, 6)
 
-	// Inboxes score posts newest first (2^53 - id), in segments: the
-	// corruption goes into the head, behind the store's back.
+	// Inboxes score posts newest first (2^53 - id); a small one keeps them
+	// in its meta, a larger one in segments: the corruption goes where the
+	// newest are, behind the store's back.
 	entry := func(p domain.PostID) redis.Z {
 		return redis.Z{Score: float64(domain.MaxID - int64(p)), Member: int64(p)}
 	}
 	segments := func() []string {
 		keys, err := w.store.InboxKeys(ctx, a)
 		require.NoError(t, err)
-		require.Greater(t, len(keys), 1)
+		require.NotEmpty(t, keys)
+		if len(keys) == 1 {
+			return keys // a small inbox: its posts are in the meta
+		}
 		return keys[1:]
 	}
 	key := segments()[0]

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -35,6 +34,9 @@ func newStore(t *testing.T, cfg feeds.Config) (*feeds.Store, *redis.Client) {
 const alice, bob domain.UserID = 1, 2
 
 func ids(ps ...domain.PostID) []domain.PostID { return append([]domain.PostID{}, ps...) }
+
+// big is post p with an id far above every sequence, as real ids are.
+func big(p domain.PostID) domain.PostID { return bigIDs + p }
 
 func materialise(seq uint64, floor int64, posts ...domain.PostID) feeds.Item {
 	return feeds.Item{Recipient: alice, Seq: seq, Op: feeds.OpMaterialise, Posts: posts, Floor: floor}
@@ -106,7 +108,7 @@ func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, size, li
 		require.Equal(t, n-4, inMeta, "the meta holds f, s, b, the layout and its posts: %v", msgAndArgs)
 	} else {
 		require.NoError(t, err)
-		require.True(t, math.IsInf(marked, -1), "the mark scored %v: %v", marked, msgAndArgs)
+		require.Equal(t, -float64(1<<53+2), marked, "the mark's score: %v", msgAndArgs)
 		require.Zero(t, head, "a segmented inbox with the mark: %v", msgAndArgs)
 		require.Equal(t, n-5, inMeta, "the meta holds m, f, s, b, the layout and its posts: %v", msgAndArgs)
 	}
@@ -260,9 +262,37 @@ func TestApplyItems(t *testing.T) {
 		{
 			name:        "a lone push at the inbox's seq is a no-op",
 			given:       []feeds.Item{materialise(10, 0, 10), push(11, 20)},
-			when:        []feeds.Item{push(11, 30)},
+			when:        []feeds.Item{push(11, 20)},
 			wantApplied: 0,
 			then:        inboxState{ids(20, 10), 0, 11, true},
+		},
+		{
+			name:        "a lone push into a small inbox with room",
+			given:       []feeds.Item{materialise(10, 0, big(10))},
+			when:        []feeds.Item{push(11, big(20))},
+			wantApplied: 1,
+			then:        inboxState{ids(big(20), big(10)), 0, 11, true},
+		},
+		{
+			name:        "a lone push redelivered after its post was removed is a no-op",
+			given:       []feeds.Item{materialise(10, 0, big(10)), push(11, big(20)), remove(12, big(20))},
+			when:        []feeds.Item{push(11, big(20))},
+			wantApplied: 0,
+			then:        inboxState{ids(big(10)), 0, 12, true},
+		},
+		{
+			name:        "a lone push of a post the inbox has is applied",
+			given:       []feeds.Item{materialise(10, 0, big(10), big(20))},
+			when:        []feeds.Item{push(11, big(20))},
+			wantApplied: 1,
+			then:        inboxState{ids(big(20), big(10)), 0, 11, true},
+		},
+		{
+			name:        "a lone push below the floor of a small inbox",
+			given:       []feeds.Item{materialise(10, int64(big(15)), big(20))},
+			when:        []feeds.Item{push(11, big(10))},
+			wantApplied: 1,
+			then:        inboxState{ids(big(20)), int64(big(15)), 11, true},
 		},
 		{
 			name:        "a re-applied item (same seq) is a no-op",
@@ -858,18 +888,41 @@ func (m *inboxModel) state() inboxState {
 // TestApplyItemsAgainstModel applies random batches of work items and compares
 // the inbox with the reference model after each. The inbox never leaves the
 // listpack encoding although zset-max-listpack-entries leaves no room beyond
-// the cap and a small inbox's five members more.
+// the cap and a small inbox's five members more. Post ids are small (below
+// the items' sequences, which takes a lone push off the small inbox's path of
+// its own) or, as they are, far above them.
 func TestApplyItemsAgainstModel(t *testing.T) {
 	t.Parallel()
 	for _, size := range []int{2, 3, 100} {
-		t.Run(fmt.Sprintf("segments of %d", size), func(t *testing.T) {
-			t.Parallel()
-			testApplyItemsAgainstModel(t, size)
-		})
+		for _, base := range []int64{0, bigIDs} {
+			t.Run(fmt.Sprintf("segments of %d, ids from %d", size, base), func(t *testing.T) {
+				t.Parallel()
+				testApplyItemsAgainstModel(t, size, base)
+			})
+		}
 	}
 }
 
-func testApplyItemsAgainstModel(t *testing.T, size int) {
+// bigIDs is where the post ids of tests that want them above every sequence
+// start (real ids are 49-bit and more).
+const bigIDs = 1 << 40
+
+// sentItems makes the items of a random test what the planner can send: a
+// recipient gets at most one item a log sequence (the sequence's event's
+// effect on its inbox), so an item at a sequence that already has one, a
+// redelivery or an older item, is that one again (see apply.lua's lone push).
+type sentItems map[[2]uint64]feeds.Item
+
+func (s sentItems) item(it feeds.Item) feeds.Item {
+	k := [2]uint64{uint64(it.Recipient), it.Seq}
+	if old, ok := s[k]; ok {
+		return old
+	}
+	s[k] = it
+	return it
+}
+
+func testApplyItemsAgainstModel(t *testing.T, size int, base int64) {
 	const limit = 8
 	s, rdb := newStore(t, feeds.Config{InboxCap: limit, SegmentSize: size})
 	ctx := t.Context()
@@ -877,15 +930,17 @@ func testApplyItemsAgainstModel(t *testing.T, size int) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
+	post := func() domain.PostID { return domain.PostID(base + 1 + rng.Int64N(60)) }
 	randPosts := func(k int) []domain.PostID {
 		ps := make([]domain.PostID, rng.IntN(k+1))
 		for i := range ps {
-			ps[i] = domain.PostID(1 + rng.IntN(60))
+			ps[i] = post()
 		}
 		return ps
 	}
 	var model inboxModel
 	var seq uint64
+	sent := sentItems{}
 	for batch := range 300 {
 		if rng.IntN(40) == 0 {
 			require.NoError(t, rdb.Del(ctx, "feed:v1:{1}:ix").Err()) // it expired
@@ -906,16 +961,16 @@ func testApplyItemsAgainstModel(t *testing.T, size int) {
 			if itSeq > 0 && rng.IntN(2) == 0 {
 				itSeq--
 			}
-			floor := int64(rng.IntN(30))
+			floor := base + rng.Int64N(30)
 			kind := rng.IntN(9)
 			if lone {
 				kind = 0
 			}
 			switch kind {
 			case 0, 1, 2:
-				items[i] = push(itSeq, domain.PostID(1+rng.IntN(60)))
+				items[i] = push(itSeq, post())
 			case 3:
-				items[i] = remove(itSeq, domain.PostID(1+rng.IntN(60)))
+				items[i] = remove(itSeq, post())
 			case 4, 5:
 				items[i] = merge(itSeq, floor, randPosts(12)...)
 			case 6:
@@ -923,6 +978,7 @@ func testApplyItemsAgainstModel(t *testing.T, size int) {
 			default:
 				items[i] = materialise(itSeq, floor, randPosts(20)...)
 			}
+			items[i] = sent.item(items[i])
 			model.apply(items[i], limit)
 		}
 		_, err := s.ApplyItems(ctx, items)
@@ -956,20 +1012,26 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 		name string
 		rdb  redis.UniversalClient
 		size int
-	}{{"single", single, 3}, {"single", single, 100}, {"ring", ring, 3}} {
-		name, rdb := fmt.Sprintf("%s, segments of %d", run.name, run.size), run.rdb
+		base int64
+	}{
+		{"single", single, 3, 0}, {"single", single, 100, 0}, {"ring", ring, 3, 0},
+		{"single", single, 3, bigIDs}, {"single", single, 100, bigIDs}, {"ring", ring, 100, bigIDs},
+	} {
+		name, rdb := fmt.Sprintf("%s, segments of %d, ids from %d", run.name, run.size, run.base), run.rdb
 		s := feeds.NewStore(rdb, feeds.Config{InboxCap: limit, SegmentSize: run.size})
 		seed := rand.Uint64()
 		t.Logf("%s: seed %d", name, seed)
 		rng := rand.New(rand.NewPCG(seed, 0))
 		require.NoError(t, single.FlushDB(ctx).Err())
+		post := func() domain.PostID { return domain.PostID(run.base + 1 + rng.Int64N(60)) }
 		randPosts := func(k int) []domain.PostID {
 			ps := make([]domain.PostID, rng.IntN(k+1))
 			for i := range ps {
-				ps[i] = domain.PostID(1 + rng.IntN(60))
+				ps[i] = post()
 			}
 			return ps
 		}
+		sent := sentItems{}
 		key := func(u domain.UserID) string { return "feed:v1:{" + strconv.Itoa(int(u)) + "}:ix" }
 		models := make([]inboxModel, users+1)
 		var seq uint64
@@ -980,7 +1042,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 				if rng.IntN(10) == 0 {
 					// Long items for everyone: more than one script run's worth.
 					for u := domain.UserID(1); u <= users; u++ {
-						items = append(items, feeds.Item{Recipient: u, Seq: seq, Op: feeds.OpMerge, Floor: int64(rng.IntN(30)), Posts: randPosts(60)})
+						items = append(items, feeds.Item{Recipient: u, Seq: seq, Op: feeds.OpMerge, Floor: run.base + rng.Int64N(30), Posts: randPosts(60)})
 					}
 					continue
 				}
@@ -990,23 +1052,23 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 					if rng.IntN(4) == 0 {
 						op = feeds.OpRemove
 					}
-					post := domain.PostID(1 + rng.IntN(60))
+					p := post()
 					for u := domain.UserID(1); u <= users; u++ {
 						if rng.IntN(3) > 0 {
-							items = append(items, feeds.Item{Recipient: u, Seq: seq, Op: op, Posts: ids(post)})
+							items = append(items, feeds.Item{Recipient: u, Seq: seq, Op: op, Posts: ids(p)})
 						}
 					}
 					continue
 				}
 				u := domain.UserID(1 + rng.IntN(users))
-				floor := int64(rng.IntN(30))
+				floor := run.base + rng.Int64N(30)
 				it := feeds.Item{Recipient: u, Seq: seq, Floor: floor}
 				if rng.IntN(4) == 0 {
 					it.Seq-- // a redelivery or an older item
 				}
 				switch rng.IntN(6) {
 				case 0:
-					it.Op, it.Posts = feeds.OpPush, ids(domain.PostID(1+rng.IntN(60)))
+					it.Op, it.Posts = feeds.OpPush, ids(post())
 				case 1:
 					it.Op, it.Posts = feeds.OpMerge, randPosts(60)
 				case 2:
@@ -1022,8 +1084,9 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 					models[u] = inboxModel{}
 				}
 			}
-			for _, it := range items {
-				models[it.Recipient].apply(it, limit)
+			for i, it := range items {
+				items[i] = sent.item(it)
+				models[it.Recipient].apply(items[i], limit)
 			}
 			_, err := s.ApplyItems(ctx, items)
 			require.NoError(t, err)

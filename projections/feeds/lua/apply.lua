@@ -50,7 +50,9 @@
 --       It is a member, not scores, because reading a score costs more than
 --       the push it serves: Redis formats each as a double, Lua parses it back.
 --       A push into the head reads only "<g>:<h>", the head's name, and r.
--- "m", scored -inf, only in a small inbox's meta: it marks it as small.
+-- "m", scored -(2^53+2), below every other member, only in a small inbox's
+--       meta: it marks it as small. (Not -inf: a listpack keeps that as
+--       text, and each walk over the meta would parse it.)
 -- "f", "b" and "s" are scored below every -(p+1) they are above, and "m"
 -- below them all, so a count of the members under -(p+1) tells where post p
 -- goes: 0, into the head of a segmented inbox; 1, into a small inbox ("m"),
@@ -98,6 +100,7 @@ end
 -- member. Both are kept for the call: a fan-out puts the same posts into
 -- many inboxes, and a lookup is cheaper than formatting them again.
 local M = 9007199254740992 -- 2^53; every post id is below it
+local MARK = '-9007199254740994' -- "m"'s score, -(2^53+2)
 local scores, members = {}, {}
 local function score(p)
   local s = scores[p]
@@ -544,7 +547,7 @@ local function save()
   local small = h == 0
   if small ~= (was.small or false) then
     if small then
-      args[n + 1], args[n + 2] = '-inf', 'm'
+      args[n + 1], args[n + 2] = MARK, 'm'
       n = n + 2
     else
       gone[#gone + 1] = 'm'
@@ -572,25 +575,49 @@ end
 -- It returns whether the push was applied.
 local function lone(it)
   -- Reading the specials' scores costs more than the add (Redis formats
-  -- each as a double, Lua parses it back). "s" takes the item's seq at once
-  -- if the inbox exists and the seq is above its own (LT: scores are
-  -- -(seq+1)); else the push was applied before, or there is no inbox, and
-  -- nothing is done. Then where the post goes is a count of the members
-  -- scored under the post's -(p+1) (see the meta above; whether "s" is among
-  -- them is known). (One ZRANGEBYSCORE of the members from -(p+1) up, the
-  -- layout last, costs more than the two reads.)
-  if rcall('ZADD', key, 'XX', 'LT', 'CH', it.s, 's') == 0 then return false end
-  local under = rcall('ZCOUNT', key, '-inf', it.under) - it.sUnder
-  if under >= 2 then return true end
-  if under == 1 then
-    -- A small inbox with room: the post goes into the meta. Else the meta
-    -- has four members, a segmented inbox's (the post is below its head), or
-    -- the small inbox is full: the general way.
+  -- each as a double, Lua parses it back). Where the post goes is a count of
+  -- the members scored under the post's -(p+1) (see the meta above). Into a
+  -- small inbox, three commands. Else "s" takes the item's seq at once if
+  -- the inbox exists and the seq is above its own (ZADD XX LT: scores are
+  -- -(seq+1)); if not, the push was applied before, or there is no inbox,
+  -- and nothing is done. (One ZRANGEBYSCORE of the members from -(p+1) up,
+  -- the layout last, costs more than the two reads.)
+  --
+  -- A lone push is one post's fan-out: the only item of its seq for this
+  -- recipient (the planner gives a recipient at most one item a log
+  -- sequence, and materialise and reconcile, at the planner's position,
+  -- come after the items of that sequence). So a push at the inbox's own
+  -- seq is this one again, and its post is in the inbox unless below the
+  -- floor, as it was then.
+  local u = rcall('ZCOUNT', key, '-inf', it.under)
+  if u == 1 then
+    -- "m" alone, if the meta holds more than the four members of a segmented
+    -- inbox's: a small inbox, the post at or above its floor, and "s" below
+    -- it. With room, "s" takes the item's seq (LT: if newer) and the post goes
+    -- in, in one command: both changed, the push is applied; neither, it was
+    -- applied before. Only one: either the post was there already (applied),
+    -- or the push was applied before and its post has gone since, which
+    -- "s" tells apart, and then it goes again.
     local n = rcall('ZCARD', key) - 5
     if n >= 0 and n < S then
-      rcall('ZADD', key, it.score, it.post)
-      return true
+      local c = rcall('ZADD', key, 'LT', 'CH', it.s, 's', it.score, it.post)
+      if c == 2 then return true end
+      if c == 1 then
+        if tonumber(rcall('ZSCORE', key, 's')) == -(it.seq + 1) then return true end
+        rcall('ZREM', key, it.post)
+      end
+      return false
     end
+  end
+  if rcall('ZADD', key, 'XX', 'LT', 'CH', it.s, 's') == 0 then return false end
+  -- The count above, with "s" as it is now: it was under the post only if
+  -- its seq was above the post's id, which the item's then is too.
+  local under = u
+  if it.sUnder == 1 then under = rcall('ZCOUNT', key, '-inf', it.under) - 1 end
+  if under >= 2 then return true end
+  if under == 1 then
+    -- A small inbox that is full (or none: the meta of another layout), or
+    -- a segmented one and the post below its head: the general way.
     load()
     if not exists then return false end -- the unsegmented layout, deleted
     addPosts(candidates(nil, floor, {it.p}))
