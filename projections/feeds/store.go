@@ -1025,7 +1025,7 @@ func (s *Store) Inbox(ctx context.Context, user domain.UserID) (posts []domain.P
 func (s *Store) InboxKeys(ctx context.Context, user domain.UserID) ([]string, error) {
 	what := fmt.Sprintf("list the keys of the inbox of user %d", user)
 	meta := s.userKey(user, stInboxSuffix)
-	lay, err := s.rdb.ZRangeByScore(ctx, meta, &redis.ZRangeBy{Min: "0", Max: "0"}).Result()
+	lay, err := s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{Key: meta, Start: "0", Stop: "0", ByScore: true}).Result()
 	if err != nil {
 		return nil, stFail(what, err)
 	}

@@ -87,7 +87,7 @@ func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, size, li
 	sc, err := rdb.ZMScore(ctx, meta, "f", "b").Result()
 	require.NoError(t, err)
 	special := func(v float64) int64 { return -int64(v) - 1 }
-	lay, err := rdb.ZRangeByScore(ctx, meta, &redis.ZRangeBy{Min: "0", Max: "0"}).Result()
+	lay, err := rdb.ZRangeArgs(ctx, redis.ZRangeArgs{Key: meta, Start: "0", Stop: "0", ByScore: true}).Result()
 	require.NoError(t, err)
 	if len(lay) == 0 {
 		n, err := rdb.Exists(ctx, meta).Result()
@@ -108,7 +108,7 @@ func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, size, li
 		require.Equal(t, n-4, inMeta, "the meta holds f, s, b, the layout and its posts: %v", msgAndArgs)
 	} else {
 		require.NoError(t, err)
-		require.Equal(t, -float64(1<<53+2), marked, "the mark's score: %v", msgAndArgs)
+		require.Equal(t, int64(-(1<<53 + 2)), int64(marked), "the mark's score: %v", msgAndArgs)
 		require.Zero(t, head, "a segmented inbox with the mark: %v", msgAndArgs)
 		require.Equal(t, n-5, inMeta, "the meta holds m, f, s, b, the layout and its posts: %v", msgAndArgs)
 	}
@@ -131,7 +131,7 @@ func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, size, li
 		var ms []string
 		if k == 0 {
 			key = meta
-			ms, err = rdb.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "(0", Max: "+inf"}).Result()
+			ms, err = rdb.ZRangeArgs(ctx, redis.ZRangeArgs{Key: key, Start: "(0", Stop: "+inf", ByScore: true}).Result()
 		} else {
 			ms, err = rdb.ZRange(ctx, key, 0, -1).Result()
 		}
