@@ -9,7 +9,10 @@
 -- then       the l lists, each: m, then m items, each: op, seq, floor, n,
 --            post_1 .. post_n
 --            op: 1 push, 2 remove, 3 merge, 4 unmerge, 5 materialise,
---            6 reconcile, which is followed by a, allowed_1 .. allowed_a
+--            6 reconcile, which is followed by a, allowed_1 .. allowed_a;
+--            7 pushes, a run of pushes of one post each: its seq the last
+--            one's, its floor unused, and its n "posts" each push's seq
+--            and post in turn
 -- then       if l > 1, for each key in turn the number (1..l) of its list
 --
 -- One call carries many recipients, and recipients with the same items (the
@@ -125,19 +128,20 @@ end
 -- (if it has one). A list that is a lone push has it as its field push, with
 -- its post as a string in post, its score and "s"'s score after it.
 --
--- Reading them converts only what is used: tonumber() of a string parses it
--- twice (Lua checks that it is a number, then converts it). An op and a post
--- count of one are looked up as strings; a floor is read only by the ops that
--- use it.
-local opOf = {['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6}
+-- Reading them converts only what is used, and a number once: tonumber() of
+-- a string parses it twice (Lua checks that it is a number, then converts
+-- it), arithmetic once, so the hot paths read a number as s + 0. An op and a
+-- post count of one are looked up as strings; a floor is read only by the
+-- ops that use it.
+local opOf = {['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7}
 local lists = {}
 local i = 5
 for l = 1, tonumber(ARGV[4]) do
   local list = {}
   for k = 1, tonumber(ARGV[i]) do
     local op = opOf[ARGV[i + 1]] or tonumber(ARGV[i + 1])
-    local it = {op = op, seq = tonumber(ARGV[i + 2])}
-    if op > 2 then it.floor = tonumber(ARGV[i + 3]) end
+    local it = {op = op, seq = ARGV[i + 2] + 0}
+    if op > 2 and op < 7 then it.floor = tonumber(ARGV[i + 3]) end
     local n = ARGV[i + 4]
     if n == '1' then n = 1 else n = tonumber(n) end
     it.first, it.last = i + 5, i + 4 + n
@@ -147,7 +151,7 @@ for l = 1, tonumber(ARGV[4]) do
       it.afirst, it.alast = i + 2, i + 1 + tonumber(ARGV[i + 1])
       i = it.alast
     end
-    if it.first == it.last then it.p = tonumber(ARGV[it.first]) end
+    if it.first == it.last then it.p = ARGV[it.first] + 0 end
     list[k] = it
   end
   -- A lone push: what a post's fan-out gives each follower.
@@ -277,7 +281,7 @@ local function readAll()
   local all = {}
   for k = h, t, -1 do
     local ms = postsOf(k)
-    for j = 1, #ms do all[#all + 1] = tonumber(ms[j]) end
+    for j = 1, #ms do all[#all + 1] = ms[j] + 0 end
   end
   return all
 end
@@ -461,7 +465,7 @@ local function candidates(it, min, src)
   if src then hi = #src else lo, hi = it.first, it.last end
   for j = lo, hi do
     local p
-    if src then p = src[j] else p = tonumber(ARGV[j]) end
+    if src then p = src[j] else p = ARGV[j] + 0 end
     if p >= min and not seen[p] then
       seen[p] = true
       out[#out + 1] = p
@@ -481,7 +485,7 @@ local function reconcile(it)
   local f = math.max(floor, it.floor)
   local want, allowed, repairs = {}, {}, 0
   for j = it.first, it.last do
-    local p = tonumber(ARGV[j])
+    local p = ARGV[j] + 0
     if p >= f then want[p] = true end
   end
   for j = it.afirst, it.alast do allowed[tonumber(ARGV[j])] = true end
@@ -517,9 +521,9 @@ local function load()
     return
   end
   exists = true
-  floor = -tonumber(sc[1]) - 1
-  seq = -tonumber(sc[2]) - 1
-  b = -tonumber(sc[3]) - 1
+  floor = -sc[1] - 1
+  seq = -sc[2] - 1
+  b = -sc[3] - 1
   was = {f = floor, s = seq, b = b, lay = lay, small = h == 0}
 end
 
@@ -701,10 +705,10 @@ for q = 1, #KEYS do
           materialise(it)
           applied = applied + 1
         end
-      elseif op < 1 or op > 6 then
+      elseif op < 1 or op > 7 then
         if dirty then save() end
         return redis.error_reply('ERR feed apply: unknown op ' .. num(op))
-      elseif op == 1 and exists then
+      elseif (op == 1 or op == 7) and exists then
         -- A run of pushes (what a recipient gets from a batch of posts under
         -- load) is put at once. The result is the pushes' one by one:
         -- addPosts keeps the cap newest of the inbox and the posts, whatever
@@ -712,13 +716,25 @@ for q = 1, #KEYS do
         -- the floor is among the oldest, so it goes too. Each push is still
         -- skipped unless it is newer than the last item applied.
         local run = {}
-        while list[k] and list[k].op == 1 do
+        while list[k] and (list[k].op == 1 or list[k].op == 7) do
           local p = list[k]
-          if p.seq > seq then
+          if p.op == 7 then
+            for j = p.first, p.last, 2 do
+              local s = ARGV[j] + 0
+              if s > seq then
+                local post = ARGV[j + 1]
+                local n = post + 0
+                members[n] = post -- as sent: no need to format it again
+                run[#run + 1] = n
+                seq = s
+                applied, dirty = applied + 1, true
+              end
+            end
+          elseif p.seq > seq then
             if p.p then
               run[#run + 1] = p.p
             else
-              for j = p.first, p.last do run[#run + 1] = tonumber(ARGV[j]) end
+              for j = p.first, p.last do run[#run + 1] = ARGV[j] + 0 end
             end
             seq = p.seq
             applied, dirty = applied + 1, true
