@@ -184,395 +184,407 @@ local hc             -- the head's posts, or nil when not known
 local life           -- a new segment's TTL in ms (0: none), or nil when not known
 local dirty          -- whether an item was applied since the last save
 
-local function seg(k)
-  if k == 0 then return key end
-  return segp .. num(k)
-end
+-- The machinery of the general way, made only by a call that takes it:
+-- making its closures (each finds its upvalues among the open ones)
+-- cost Redis as much as a few pushes a call, and the calls of a
+-- fan-out to followers with small inboxes need none of it.
+local seg, postsOf, setGen, parse, layout, layoutOf, headCount, expireKey, expire, tailUp, oldest, add, readAll, writeAll, trim, addPosts, remove, raise, candidates, reconcile, load, save, materialise
+local built = false
+local function build()
+  if built then return end
+  built = true
 
--- postsOf returns the posts (strings) of segment k, newest first.
-local function postsOf(k)
-  if k == 0 then return rcall('ZRANGEBYSCORE', key, '(0', '+inf') end
-  return rcall('ZRANGE', seg(k), '0', '-1')
-end
-
--- setGen makes g (a string of digits) the inbox's generation.
-local function setGen(g)
-  gen, segp = g, key .. ':' .. g .. ':'
-end
-
--- parse makes the layout member m the inbox's; false if it is not one.
-local function parse(m)
-  local g, hs, rs, ts = string.match(m, '^(%d+):(%d+)/(%d+)/(%d+)$')
-  if not g then return false end
-  setGen(g)
-  h, r, t = tonumber(hs), tonumber(rs), tonumber(ts)
-  return true
-end
-
--- layout reads the meta's member scored 0, its layout if it has one.
-local function layout()
-  return rcall('ZRANGEBYSCORE', key, '0', '0')[1] or ''
-end
-
-local function layoutOf()
-  return gen .. ':' .. num(h) .. '/' .. num(r) .. '/' .. num(t)
-end
-
--- headCount is the number of posts in the head.
-local function headCount()
-  if not hc then
-    if h == 0 then
-      hc = rcall('ZCARD', key) - 5 -- "m", "f", "s", "b" and the layout
-    else
-      hc = rcall('ZCARD', seg(h))
-    end
+  function seg(k)
+    if k == 0 then return key end
+    return segp .. num(k)
   end
-  return hc
-end
 
--- expireKey gives the segment named k the meta's life and a margin.
-local function expireKey(k)
-  if not life then
-    local ms = rcall('PTTL', key)
-    if ms > 0 then life = ms + margin else life = 0 end
+  -- postsOf returns the posts (strings) of segment k, newest first.
+  function postsOf(k)
+    if k == 0 then return rcall('ZRANGEBYSCORE', key, '(0', '+inf') end
+    return rcall('ZRANGE', seg(k), '0', '-1')
   end
-  if life > 0 then rcall('PEXPIRE', k, num(life)) end
-end
 
--- expire gives segment k the meta's life and a margin (segment 0, the meta,
--- has its own).
-local function expire(k)
-  if k > 0 then expireKey(seg(k)) end
-end
+  -- setGen makes g (a string of digits) the inbox's generation.
+  function setGen(g)
+    gen, segp = g, key .. ':' .. g .. ':'
+  end
 
--- tailUp moves t to the lowest segment that exists, or to h.
-local function tailUp()
-  while t < h and rcall('EXISTS', seg(t)) == 0 do t = t + 1 end
-end
+  -- parse makes the layout member m the inbox's; false if it is not one.
+  function parse(m)
+    local g, hs, rs, ts = string.match(m, '^(%d+):(%d+)/(%d+)/(%d+)$')
+    if not g then return false end
+    setGen(g)
+    h, r, t = tonumber(hs), tonumber(rs), tonumber(ts)
+    return true
+  end
 
--- oldest is the oldest post of the inbox, or nil if it has none.
-local function oldest()
-  for k = t, h do
-    local o
-    if k == 0 then
-      o = rcall('ZREVRANGEBYSCORE', key, '+inf', '(0', 'LIMIT', '0', '1')[1]
-    else
-      o = rcall('ZRANGE', seg(k), '-1', '-1')[1]
-    end
-    if o then return tonumber(o) end
+  -- layout reads the meta's member scored 0, its layout if it has one.
+  function layout()
+    return rcall('ZRANGEBYSCORE', key, '0', '0')[1] or ''
   end
-  return nil
-end
 
--- add adds the posts ps (numbers, ascending) to segment k and returns how
--- many were not there.
-local function add(k, ps, from, to)
-  if from > to then return 0 end
-  local args, n = {}, 0
-  for j = from, to do
-    args[n + 1], args[n + 2] = score(ps[j]), member(ps[j])
-    n = n + 2
+  function layoutOf()
+    return gen .. ':' .. num(h) .. '/' .. num(r) .. '/' .. num(t)
   end
-  return rcall('ZADD', seg(k), unpack(args, 1, n))
-end
 
--- readAll returns every post of the inbox, as numbers, newest first.
-local function readAll()
-  local all = {}
-  for k = h, t, -1 do
-    local ms = postsOf(k)
-    for j = 1, #ms do all[#all + 1] = ms[j] + 0 end
-  end
-  return all
-end
-
--- writeAll makes the inbox exactly the posts ps (numbers, any order, maybe
--- repeated), kept to the cap newest; if any had to go, the floor becomes the
--- oldest kept. S posts or fewer go into the meta (segment 0); more are
--- written anew in segments from t (1 if it was 0): the oldest S posts in t,
--- the next S in t+1, and so on; the head h has the newest, S or fewer.
-local function writeAll(ps)
-  table.sort(ps, function(x, y) return x > y end)
-  local all, last = {}, nil
-  for j = 1, #ps do
-    if ps[j] ~= last and ps[j] >= floor then
-      all[#all + 1] = ps[j]
-      last = ps[j]
-    end
-  end
-  if #all > cap then
-    for j = #all, cap + 1, -1 do all[j] = nil end
-    floor = all[cap]
-  end
-  local old = {}
-  for k = math.max(t, 1), h do old[#old + 1] = seg(k) end
-  if #old > 0 then rcall('DEL', unpack(old)) end
-  if t == 0 and hc ~= 0 then rcall('ZREMRANGEBYSCORE', key, '(0', '+inf') end
-  -- Oldest first, each segment's posts ascending: a listpack inserts a post
-  -- with a lower score than all it holds at its head.
-  local m = #all
-  local nseg = math.max(1, math.ceil(m / S))
-  if nseg == 1 then
-    t = 0
-  else
-    t = math.max(t, 1)
-  end
-  local asc = {}
-  for j = 1, m do asc[j] = all[m - j + 1] end
-  for j = 0, nseg - 1 do
-    local from, to = j * S + 1, math.min((j + 1) * S, m)
-    if j == nseg - 1 then to = m end
-    if from <= to then
-      add(t + j, asc, from, to)
-      expire(t + j)
-    end
-  end
-  h = t + nseg - 1
-  hc = m - (nseg - 1) * S
-  r = m - hc
-  b = floor
-  if nseg > 1 then b = math.max(b, asc[(nseg - 1) * S] + 1) end
-end
-
--- trim drops the oldest posts while the inbox holds more than the cap; if any
--- went, the floor becomes the oldest kept.
-local function trim()
-  local d = r + headCount() - cap
-  if d <= 0 then return end
-  while d > 0 do
-    if t == h then
-      rcall('ZREMRANGEBYRANK', seg(h), -d, '-1')
-      hc = hc - d
-      d = 0
-    else
-      local n = rcall('ZCARD', seg(t))
-      if n <= d then
-        if n > 0 then rcall('DEL', seg(t)) end
-        r, d = r - n, d - n
-        t = t + 1
-        tailUp()
+  -- headCount is the number of posts in the head.
+  function headCount()
+    if not hc then
+      if h == 0 then
+        hc = rcall('ZCARD', key) - 5 -- "m", "f", "s", "b" and the layout
       else
-        rcall('ZREMRANGEBYRANK', seg(t), -d, '-1')
-        r, d = r - d, 0
+        hc = rcall('ZCARD', seg(h))
       end
     end
+    return hc
   end
-  floor = oldest() or floor
-  b = math.max(b, floor)
-end
 
--- addPosts adds posts (numbers, >= floor, no repeats) to the inbox, keeping
--- the cap newest. Posts at or above b go into the head or new heads above it
--- (a push, as a rule); if any is below b, or the head would outgrow L, the
--- inbox is rewritten.
-local function addPosts(ps)
-  if #ps == 0 then return end
-  for j = 1, #ps do
-    if ps[j] < b then
+  -- expireKey gives the segment named k the meta's life and a margin.
+  function expireKey(k)
+    if not life then
+      local ms = rcall('PTTL', key)
+      if ms > 0 then life = ms + margin else life = 0 end
+    end
+    if life > 0 then rcall('PEXPIRE', k, num(life)) end
+  end
+
+  -- expire gives segment k the meta's life and a margin (segment 0, the meta,
+  -- has its own).
+  function expire(k)
+    if k > 0 then expireKey(seg(k)) end
+  end
+
+  -- tailUp moves t to the lowest segment that exists, or to h.
+  function tailUp()
+    while t < h and rcall('EXISTS', seg(t)) == 0 do t = t + 1 end
+  end
+
+  -- oldest is the oldest post of the inbox, or nil if it has none.
+  function oldest()
+    for k = t, h do
+      local o
+      if k == 0 then
+        o = rcall('ZREVRANGEBYSCORE', key, '+inf', '(0', 'LIMIT', '0', '1')[1]
+      else
+        o = rcall('ZRANGE', seg(k), '-1', '-1')[1]
+      end
+      if o then return tonumber(o) end
+    end
+    return nil
+  end
+
+  -- add adds the posts ps (numbers, ascending) to segment k and returns how
+  -- many were not there.
+  function add(k, ps, from, to)
+    if from > to then return 0 end
+    local args, n = {}, 0
+    for j = from, to do
+      args[n + 1], args[n + 2] = score(ps[j]), member(ps[j])
+      n = n + 2
+    end
+    return rcall('ZADD', seg(k), unpack(args, 1, n))
+  end
+
+  -- readAll returns every post of the inbox, as numbers, newest first.
+  function readAll()
+    local all = {}
+    for k = h, t, -1 do
+      local ms = postsOf(k)
+      for j = 1, #ms do all[#all + 1] = ms[j] + 0 end
+    end
+    return all
+  end
+
+  -- writeAll makes the inbox exactly the posts ps (numbers, any order, maybe
+  -- repeated), kept to the cap newest; if any had to go, the floor becomes the
+  -- oldest kept. S posts or fewer go into the meta (segment 0); more are
+  -- written anew in segments from t (1 if it was 0): the oldest S posts in t,
+  -- the next S in t+1, and so on; the head h has the newest, S or fewer.
+  function writeAll(ps)
+    table.sort(ps, function(x, y) return x > y end)
+    local all, last = {}, nil
+    for j = 1, #ps do
+      if ps[j] ~= last and ps[j] >= floor then
+        all[#all + 1] = ps[j]
+        last = ps[j]
+      end
+    end
+    if #all > cap then
+      for j = #all, cap + 1, -1 do all[j] = nil end
+      floor = all[cap]
+    end
+    local old = {}
+    for k = math.max(t, 1), h do old[#old + 1] = seg(k) end
+    if #old > 0 then rcall('DEL', unpack(old)) end
+    if t == 0 and hc ~= 0 then rcall('ZREMRANGEBYSCORE', key, '(0', '+inf') end
+    -- Oldest first, each segment's posts ascending: a listpack inserts a post
+    -- with a lower score than all it holds at its head.
+    local m = #all
+    local nseg = math.max(1, math.ceil(m / S))
+    if nseg == 1 then
+      t = 0
+    else
+      t = math.max(t, 1)
+    end
+    local asc = {}
+    for j = 1, m do asc[j] = all[m - j + 1] end
+    for j = 0, nseg - 1 do
+      local from, to = j * S + 1, math.min((j + 1) * S, m)
+      if j == nseg - 1 then to = m end
+      if from <= to then
+        add(t + j, asc, from, to)
+        expire(t + j)
+      end
+    end
+    h = t + nseg - 1
+    hc = m - (nseg - 1) * S
+    r = m - hc
+    b = floor
+    if nseg > 1 then b = math.max(b, asc[(nseg - 1) * S] + 1) end
+  end
+
+  -- trim drops the oldest posts while the inbox holds more than the cap; if any
+  -- went, the floor becomes the oldest kept.
+  function trim()
+    local d = r + headCount() - cap
+    if d <= 0 then return end
+    while d > 0 do
+      if t == h then
+        rcall('ZREMRANGEBYRANK', seg(h), -d, '-1')
+        hc = hc - d
+        d = 0
+      else
+        local n = rcall('ZCARD', seg(t))
+        if n <= d then
+          if n > 0 then rcall('DEL', seg(t)) end
+          r, d = r - n, d - n
+          t = t + 1
+          tailUp()
+        else
+          rcall('ZREMRANGEBYRANK', seg(t), -d, '-1')
+          r, d = r - d, 0
+        end
+      end
+    end
+    floor = oldest() or floor
+    b = math.max(b, floor)
+  end
+
+  -- addPosts adds posts (numbers, >= floor, no repeats) to the inbox, keeping
+  -- the cap newest. Posts at or above b go into the head or new heads above it
+  -- (a push, as a rule); if any is below b, or the head would outgrow L, the
+  -- inbox is rewritten.
+  function addPosts(ps)
+    if #ps == 0 then return end
+    for j = 1, #ps do
+      if ps[j] < b then
+        local all = readAll()
+        for q = 1, #ps do all[#all + 1] = ps[q] end
+        writeAll(all)
+        return
+      end
+    end
+    local n = headCount()
+    if n + #ps <= S then
+      table.sort(ps)
+      hc = n + add(h, ps, 1, #ps)
+      if n == 0 then expire(h) end -- a head emptied by removals is gone
+      trim()
+      return
+    end
+    if h == 0 then
+      -- A small inbox outgrows its meta: written anew in segments.
       local all = readAll()
       for q = 1, #ps do all[#all + 1] = ps[q] end
       writeAll(all)
       return
     end
-  end
-  local n = headCount()
-  if n + #ps <= S then
-    table.sort(ps)
-    hc = n + add(h, ps, 1, #ps)
-    if n == 0 then expire(h) end -- a head emptied by removals is gone
+    -- The posts newer than the head's newest go above it; the others into it.
+    local top = b - 1
+    if n > 0 then top = tonumber(rcall('ZRANGE', seg(h), '0', '0')[1]) end
+    local into, above = {}, {}
+    for j = 1, #ps do
+      if ps[j] <= top then into[#into + 1] = ps[j] else above[#above + 1] = ps[j] end
+    end
+    if n + #into > L then
+      local all = readAll()
+      for q = 1, #ps do all[#all + 1] = ps[q] end
+      writeAll(all)
+      return
+    end
+    table.sort(above)
+    local room = math.max(0, S - n - #into)
+    local first = math.min(room, #above)
+    for j = 1, first do into[#into + 1] = above[j] end
+    if first > 0 then top = above[first] end
+    hc = n + add(h, into, 1, #into)
+    if n == 0 and hc > 0 then expire(h) end
+    -- The rest in new heads of S each.
+    local j = first + 1
+    while j <= #above do
+      local to = math.min(j + S - 1, #above)
+      r = r + hc
+      h, b = h + 1, top + 1
+      hc = add(h, above, j, to)
+      expire(h)
+      top = above[to]
+      j = to + 1
+    end
     trim()
-    return
   end
-  if h == 0 then
-    -- A small inbox outgrows its meta: written anew in segments.
-    local all = readAll()
-    for q = 1, #ps do all[#all + 1] = ps[q] end
-    writeAll(all)
-    return
-  end
-  -- The posts newer than the head's newest go above it; the others into it.
-  local top = b - 1
-  if n > 0 then top = tonumber(rcall('ZRANGE', seg(h), '0', '0')[1]) end
-  local into, above = {}, {}
-  for j = 1, #ps do
-    if ps[j] <= top then into[#into + 1] = ps[j] else above[#above + 1] = ps[j] end
-  end
-  if n + #into > L then
-    local all = readAll()
-    for q = 1, #ps do all[#all + 1] = ps[q] end
-    writeAll(all)
-    return
-  end
-  table.sort(above)
-  local room = math.max(0, S - n - #into)
-  local first = math.min(room, #above)
-  for j = 1, first do into[#into + 1] = above[j] end
-  if first > 0 then top = above[first] end
-  hc = n + add(h, into, 1, #into)
-  if n == 0 and hc > 0 then expire(h) end
-  -- The rest in new heads of S each.
-  local j = first + 1
-  while j <= #above do
-    local to = math.min(j + S - 1, #above)
-    r = r + hc
-    h, b = h + 1, top + 1
-    hc = add(h, above, j, to)
-    expire(h)
-    top = above[to]
-    j = to + 1
-  end
-  trim()
-end
 
--- remove takes the posts (strings) from ARGV[first .. last] out of the inbox.
-local function remove(first, last)
-  for k = t, h do
-    local gone = 0
-    for c = first, last, 1000 do
-      gone = gone + rcall('ZREM', seg(k), unpack(ARGV, c, math.min(c + 999, last)))
+  -- remove takes the posts (strings) from ARGV[first .. last] out of the inbox.
+  function remove(first, last)
+    for k = t, h do
+      local gone = 0
+      for c = first, last, 1000 do
+        gone = gone + rcall('ZREM', seg(k), unpack(ARGV, c, math.min(c + 999, last)))
+      end
+      if k == h then
+        if hc then hc = hc - gone end
+      else
+        r = r - gone
+      end
     end
-    if k == h then
-      if hc then hc = hc - gone end
-    else
-      r = r - gone
+    tailUp()
+  end
+
+  -- raise lifts the floor to f, dropping the posts below it.
+  function raise(f)
+    if f <= floor then return end
+    for k = t, h do
+      local gone = rcall('ZREMRANGEBYSCORE', seg(k), '(' .. score(f), '+inf')
+      if k == h then
+        if hc then hc = hc - gone end
+      else
+        r = r - gone
+      end
+      if rcall('EXISTS', seg(k)) == 1 then break end
     end
+    floor = f
+    b = math.max(b, f)
+    tailUp()
   end
-  tailUp()
-end
 
--- raise lifts the floor to f, dropping the posts below it.
-local function raise(f)
-  if f <= floor then return end
-  for k = t, h do
-    local gone = rcall('ZREMRANGEBYSCORE', seg(k), '(' .. score(f), '+inf')
-    if k == h then
-      if hc then hc = hc - gone end
-    else
-      r = r - gone
+  -- candidates are the item's posts (numbers) >= min without repeats; given a
+  -- table of posts, those.
+  function candidates(it, min, src)
+    local out, seen = {}, {}
+    local lo, hi = 1, 0
+    if src then hi = #src else lo, hi = it.first, it.last end
+    for j = lo, hi do
+      local p
+      if src then p = src[j] else p = ARGV[j] + 0 end
+      if p >= min and not seen[p] then
+        seen[p] = true
+        out[#out + 1] = p
+      end
     end
-    if rcall('EXISTS', seg(k)) == 1 then break end
+    return out
   end
-  floor = f
-  b = math.max(b, f)
-  tailUp()
-end
 
--- candidates are the item's posts (numbers) >= min without repeats; given a
--- table of posts, those.
-local function candidates(it, min, src)
-  local out, seen = {}, {}
-  local lo, hi = 1, 0
-  if src then hi = #src else lo, hi = it.first, it.last end
-  for j = lo, hi do
-    local p
-    if src then p = src[j] else p = ARGV[j] + 0 end
-    if p >= min and not seen[p] then
-      seen[p] = true
-      out[#out + 1] = p
+  -- reconcile makes the inbox exactly the item's posts above the higher of its
+  -- floor and the item's, and counts what it had to change: entries above that
+  -- floor that should not be there (unless allowed: a big account's older posts,
+  -- which reads merge anyway), entries missing, and the entries beyond the cap of
+  -- those that remain. Entries below the floor are dropped uncounted when the
+  -- inbox is within its cap: the planner cannot vouch for them, but they are not
+  -- wrong.
+  function reconcile(it)
+    local f = math.max(floor, it.floor)
+    local want, allowed, repairs = {}, {}, 0
+    for j = it.first, it.last do
+      local p = ARGV[j] + 0
+      if p >= f then want[p] = true end
     end
-  end
-  return out
-end
-
--- reconcile makes the inbox exactly the item's posts above the higher of its
--- floor and the item's, and counts what it had to change: entries above that
--- floor that should not be there (unless allowed: a big account's older posts,
--- which reads merge anyway), entries missing, and the entries beyond the cap of
--- those that remain. Entries below the floor are dropped uncounted when the
--- inbox is within its cap: the planner cannot vouch for them, but they are not
--- wrong.
-local function reconcile(it)
-  local f = math.max(floor, it.floor)
-  local want, allowed, repairs = {}, {}, 0
-  for j = it.first, it.last do
-    local p = ARGV[j] + 0
-    if p >= f then want[p] = true end
-  end
-  for j = it.afirst, it.alast do allowed[tonumber(ARGV[j])] = true end
-  local have, kept, present = readAll(), {}, {}
-  for _, p in ipairs(have) do
-    present[p] = true
-    if p >= f and not want[p] and not allowed[p] then
-      repairs = repairs + 1
-    else
-      kept[#kept + 1] = p
+    for j = it.afirst, it.alast do allowed[tonumber(ARGV[j])] = true end
+    local have, kept, present = readAll(), {}, {}
+    for _, p in ipairs(have) do
+      present[p] = true
+      if p >= f and not want[p] and not allowed[p] then
+        repairs = repairs + 1
+      else
+        kept[#kept + 1] = p
+      end
     end
+    if #kept > cap then repairs = repairs + #kept - cap end
+    for p in pairs(want) do
+      if not present[p] then repairs = repairs + 1 end
+    end
+    floor = math.max(floor, f)
+    for p in pairs(want) do kept[#kept + 1] = p end
+    writeAll(kept)
+    return repairs
   end
-  if #kept > cap then repairs = repairs + #kept - cap end
-  for p in pairs(want) do
-    if not present[p] then repairs = repairs + 1 end
-  end
-  floor = math.max(floor, f)
-  for p in pairs(want) do kept[#kept + 1] = p end
-  writeAll(kept)
-  return repairs
-end
 
--- load reads the meta of the inbox. An inbox of the unsegmented layout is
--- deleted: it does not exist.
-local function load()
-  exists, floor, seq, b, hc, life, dirty = false, 0, 0, 0, nil, nil, false
-  was = {}
-  local sc = rcall('ZMSCORE', key, 'f', 's', 'b')
-  if not sc[1] then return end
-  local lay = layout()
-  if not parse(lay) then
-    rcall('DEL', key)
-    return
+  -- load reads the meta of the inbox. An inbox of the unsegmented layout is
+  -- deleted: it does not exist.
+  function load()
+    exists, floor, seq, b, hc, life, dirty = false, 0, 0, 0, nil, nil, false
+    was = {}
+    local sc = rcall('ZMSCORE', key, 'f', 's', 'b')
+    if not sc[1] then return end
+    local lay = layout()
+    if not parse(lay) then
+      rcall('DEL', key)
+      return
+    end
+    exists = true
+    floor = -sc[1] - 1
+    seq = -sc[2] - 1
+    b = -sc[3] - 1
+    was = {f = floor, s = seq, b = b, lay = lay, small = h == 0}
   end
-  exists = true
-  floor = -sc[1] - 1
-  seq = -sc[2] - 1
-  b = -sc[3] - 1
-  was = {f = floor, s = seq, b = b, lay = lay, small = h == 0}
-end
 
--- save stores the meta's fields that changed.
-local function save()
-  local args, n = {}, 0
-  local function put(name, v, sc)
-    if was[name] ~= v then
-      args[n + 1], args[n + 2] = num(sc), name
+  -- save stores the meta's fields that changed.
+  function save()
+    local args, n = {}, 0
+    local function put(name, v, sc)
+      if was[name] ~= v then
+        args[n + 1], args[n + 2] = num(sc), name
+        n = n + 2
+        was[name] = v
+      end
+    end
+    put('f', floor, -(floor + 1))
+    put('s', seq, -(seq + 1))
+    put('b', b, -(b + 1))
+    local gone = {}
+    local lay = layoutOf()
+    if lay ~= was.lay then
+      if was.lay then gone[#gone + 1] = was.lay end
+      args[n + 1], args[n + 2] = '0', lay
       n = n + 2
-      was[name] = v
+      was.lay = lay
     end
-  end
-  put('f', floor, -(floor + 1))
-  put('s', seq, -(seq + 1))
-  put('b', b, -(b + 1))
-  local gone = {}
-  local lay = layoutOf()
-  if lay ~= was.lay then
-    if was.lay then gone[#gone + 1] = was.lay end
-    args[n + 1], args[n + 2] = '0', lay
-    n = n + 2
-    was.lay = lay
-  end
-  local small = h == 0
-  if small ~= (was.small or false) then
-    if small then
-      args[n + 1], args[n + 2] = MARK, 'm'
-      n = n + 2
-    else
-      gone[#gone + 1] = 'm'
+    local small = h == 0
+    if small ~= (was.small or false) then
+      if small then
+        args[n + 1], args[n + 2] = MARK, 'm'
+        n = n + 2
+      else
+        gone[#gone + 1] = 'm'
+      end
+      was.small = small
     end
-    was.small = small
+    if #gone > 0 then rcall('ZREM', key, unpack(gone)) end
+    if n > 0 then rcall('ZADD', key, unpack(args, 1, n)) end
+    dirty = false
   end
-  if #gone > 0 then rcall('ZREM', key, unpack(gone)) end
-  if n > 0 then rcall('ZADD', key, unpack(args, 1, n)) end
-  dirty = false
-end
 
--- materialise creates the inbox from the item's posts.
-local function materialise(it)
-  local now = rcall('TIME')
-  setGen(now[1] .. format('%06d', tonumber(now[2])))
-  exists, floor, seq, b, h, t, r, hc = true, it.floor, it.seq, it.floor, 0, 0, 0, 0
-  life = 0
-  if ttl > 0 then life = ttl + margin end
-  writeAll(candidates(it, floor))
-  save()
-  if ttl > 0 then rcall('PEXPIRE', key, num(ttl)) end
+  -- materialise creates the inbox from the item's posts.
+  function materialise(it)
+    local now = rcall('TIME')
+    setGen(now[1] .. format('%06d', tonumber(now[2])))
+    exists, floor, seq, b, h, t, r, hc = true, it.floor, it.seq, it.floor, 0, 0, 0, 0
+    life = 0
+    if ttl > 0 then life = ttl + margin end
+    writeAll(candidates(it, floor))
+    save()
+    if ttl > 0 then rcall('PEXPIRE', key, num(ttl)) end
+  end
+
 end
 
 -- lone applies a lone push to the inbox key in as few commands as it takes.
@@ -614,6 +626,7 @@ local function lone(it)
     end
   end
   if rcall('ZADD', key, 'XX', 'LT', 'CH', it.s, 's') == 0 then return false end
+  build()
   -- The count above, with "s" as it is now: it was under the post only if
   -- its seq was above the post's id, which the item's then is too.
   local under = u
@@ -688,6 +701,7 @@ for q = 1, #KEYS do
   if list.push then
     if lone(list.push) then applied = applied + 1 end
   else
+    build()
     load()
     local k = 1
     while k <= #list do
