@@ -395,11 +395,13 @@ local function build()
       return
     end
     if h == 0 then
-      -- A small inbox outgrows its meta: written anew in segments.
-      local all = readAll()
-      for q = 1, #ps do all[#all + 1] = ps[q] end
-      writeAll(all)
-      return
+      -- A small inbox outgrows its meta: its posts move as they are into
+      -- segment 1 (no segment of its generation is left from before: a
+      -- rewrite into the meta deletes them), the head from now on.
+      rcall('ZRANGESTORE', seg(1), key, '(0', '+inf', 'BYSCORE')
+      rcall('ZREMRANGEBYSCORE', key, '(0', '+inf')
+      h, t = 1, 1
+      expire(1)
     end
     -- The posts newer than the head's newest go above it; the others into it.
     local top = b - 1
