@@ -30,10 +30,11 @@
 -- by 2^53 minus its id, newest first.
 --
 -- A small inbox, of at most S posts, keeps them in its meta, as the one
--- segment 0 (h = t = 0): a push into it reads and writes one key, which costs
--- Redis about two thirds of what a push through the meta into a segment of
--- its own does. It grows into segments 1 .. when a post would make it more
--- than S, and goes back when rewritten with S or fewer.
+-- segment 0 (h = t = 0): a lone push into it is three commands on one key,
+-- two thirds of what a push through the meta into a segment of its own
+-- costs Redis. When a post would make it more than S, its posts move as they
+-- are into segment 1, the head from then on; a rewrite with S or fewer puts
+-- them back.
 --
 -- The meta zset holds these four members (five for a small inbox), and the
 -- posts of segment 0:
@@ -61,10 +62,9 @@
 -- goes: 0, into the head of a segmented inbox; 1, into a small inbox ("m"),
 -- or below the head of a segmented one ("b"); 2 ("f" and "b") or 3 (and
 -- "m"), nowhere, below the floor. (A small inbox's b is its floor.)
--- Only materialise
--- creates an inbox; every other op on a missing inbox is skipped. A meta
--- without a layout is an inbox of the unsegmented layout (its posts in it):
--- it is deleted, and the next read materialises it anew.
+-- Only materialise creates an inbox; every other op on a missing inbox is
+-- skipped. A meta without a layout is an inbox of the unsegmented layout
+-- (its posts in it): it is deleted, and the next read materialises it anew.
 --
 -- Segments expire a second after the meta: while the meta lives, all of them do.
 -- A new post newer than the head's lower bound goes into the head, or into a
