@@ -104,6 +104,10 @@ end
 -- many inboxes, and a lookup is cheaper than formatting them again.
 local M = 9007199254740992 -- 2^53; every post id is below it
 local MARK = '-9007199254740994' -- "m"'s score, -(2^53+2)
+-- A small inbox's meta: its posts are the members scored above POSTS (the
+-- layout's 0), and it has SMALL members besides ("m", "f", "s", "b" and the
+-- layout).
+local POSTS, SMALL = '(0', 5
 local scores, members = {}, {}
 local function score(p)
   local s = scores[p]
@@ -202,7 +206,7 @@ local function build()
 
   -- postsOf returns the posts (strings) of segment k, newest first.
   function postsOf(k)
-    if k == 0 then return rcall('ZRANGEBYSCORE', key, '(0', '+inf') end
+    if k == 0 then return rcall('ZRANGEBYSCORE', key, POSTS, '+inf') end
     return rcall('ZRANGE', seg(k), '0', '-1')
   end
 
@@ -233,7 +237,7 @@ local function build()
   function headCount()
     if not hc then
       if h == 0 then
-        hc = rcall('ZCARD', key) - 5 -- "m", "f", "s", "b" and the layout
+        hc = rcall('ZCARD', key) - SMALL
       else
         hc = rcall('ZCARD', seg(h))
       end
@@ -266,7 +270,7 @@ local function build()
     for k = t, h do
       local o
       if k == 0 then
-        o = rcall('ZREVRANGEBYSCORE', key, '+inf', '(0', 'LIMIT', '0', '1')[1]
+        o = rcall('ZREVRANGEBYSCORE', key, '+inf', POSTS, 'LIMIT', '0', '1')[1]
       else
         o = rcall('ZRANGE', seg(k), '-1', '-1')[1]
       end
@@ -318,7 +322,7 @@ local function build()
     local old = {}
     for k = math.max(t, 1), h do old[#old + 1] = seg(k) end
     if #old > 0 then rcall('DEL', unpack(old)) end
-    if t == 0 and hc ~= 0 then rcall('ZREMRANGEBYSCORE', key, '(0', '+inf') end
+    if t == 0 and hc ~= 0 then rcall('ZREMRANGEBYSCORE', key, POSTS, '+inf') end
     -- Oldest first, each segment's posts ascending: a listpack inserts a post
     -- with a lower score than all it holds at its head.
     local m = #all
@@ -398,8 +402,8 @@ local function build()
       -- A small inbox outgrows its meta: its posts move as they are into
       -- segment 1 (no segment of its generation is left from before: a
       -- rewrite into the meta deletes them), the head from now on.
-      rcall('ZRANGESTORE', seg(1), key, '(0', '+inf', 'BYSCORE')
-      rcall('ZREMRANGEBYSCORE', key, '(0', '+inf')
+      rcall('ZRANGESTORE', seg(1), key, POSTS, '+inf', 'BYSCORE')
+      rcall('ZREMRANGEBYSCORE', key, POSTS, '+inf')
       h, t = 1, 1
       expire(1)
     end
@@ -617,7 +621,7 @@ local function lone(it)
     -- applied before. Only one: either the post was there already (applied),
     -- or the push was applied before and its post has gone since, which
     -- "s" tells apart, and then it goes again.
-    local n = rcall('ZCARD', key) - 5
+    local n = rcall('ZCARD', key) - SMALL
     if n >= 0 and n < S then
       local c = rcall('ZADD', key, 'LT', 'CH', it.s, 's', it.score, it.post)
       if c == 2 then return true end
