@@ -317,6 +317,11 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	feedStore := feeds.NewStore(in.redis, feeds.Config{
 		InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
 	})
+	if err := feedStore.LoadFunctions(ctx); errors.Is(err, feeds.ErrRedisTooOld) {
+		return err
+	} else if err != nil {
+		logger.Warn("cannot load the feeds' Lua functions; each call will try again", "err", err)
+	}
 	if n, err := feedStore.CheckListpack(ctx); err != nil {
 		logger.Warn("cannot read zset-max-listpack-entries", "err", err)
 	} else if n < int64(cfg.InboxCap+5) {

@@ -25,9 +25,9 @@ type graphFacts struct {
 }
 
 // graphFacts reads the facts of pairs in one round trip. It also makes sure
-// Redis has the outbox script that the changes will run (it loses its scripts
-// when it restarts, or on SCRIPT FLUSH): a change that failed for want of it
-// would leave the batch half made.
+// Redis has the outbox function that the changes will run (a new Redis, a
+// restart without persistence, FUNCTION FLUSH): a change that failed for want
+// of it would leave the batch half made.
 func (s *Store) graphFacts(ctx context.Context, pairs []projections.FollowPair) (*graphFacts, error) {
 	pipe := s.rdb.Pipeline()
 	r := s.queueFacts(ctx, pipe, pairs)
@@ -38,7 +38,7 @@ func (s *Store) graphFacts(ctx context.Context, pairs []projections.FollowPair) 
 // factsRead is graphFacts's reads, queued on a pipeline.
 type factsRead struct {
 	s       *Store
-	scripts *redis.BoolSliceCmd
+	scripts *redis.FunctionListCmd
 	big     *redis.StringSliceCmd
 	holds   map[projections.FollowPair]*redis.BoolCmd
 	counts  map[domain.UserID]*redis.IntCmd
@@ -49,7 +49,7 @@ type factsRead struct {
 func (s *Store) queueFacts(ctx context.Context, pipe redis.Pipeliner, pairs []projections.FollowPair) *factsRead {
 	r := &factsRead{
 		s:       s,
-		scripts: pipe.ScriptExists(ctx, s.outboxAdd.Hash()),
+		scripts: pipe.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: s.outboxAdd.name}),
 		big:     pipe.SMembers(ctx, s.key(stBigKey)),
 		holds:   make(map[projections.FollowPair]*redis.BoolCmd, len(pairs)),
 		counts:  map[domain.UserID]*redis.IntCmd{},
@@ -81,9 +81,9 @@ func (r *factsRead) facts(ctx context.Context) (*graphFacts, error) {
 			return nil, stFail("read the follow graph", err)
 		}
 	}
-	if have := r.scripts.Val(); len(have) != 1 || !have[0] {
-		if err := r.s.outboxAdd.Load(ctx, r.s.rdb).Err(); err != nil {
-			return nil, stFail("load outbox script", err)
+	if len(r.scripts.Val()) == 0 {
+		if err := r.s.outboxAdd.Load(ctx, r.s.rdb); err != nil {
+			return nil, stFail("read the follow graph", err)
 		}
 	}
 	big, err := stParseUsers(r.big.Val(), "read big accounts", nil)
@@ -153,7 +153,7 @@ func (g *graphChanges) changeOutbox(c OutboxChange) {
 		g.write(g.pipe.ZRem(g.ctx, key, post), fmt.Sprintf("remove post %d from outbox of user %d", c.Post, c.Author))
 		return
 	}
-	g.write(g.s.outboxAdd.EvalSha(g.ctx, g.pipe, []string{key}, post, strconv.Itoa(g.s.cfg.OutboxCap)),
+	g.write(g.s.outboxAdd.FCall(g.ctx, g.pipe, []string{key}, post, strconv.Itoa(g.s.cfg.OutboxCap)),
 		fmt.Sprintf("add post %d to outbox of user %d", c.Post, c.Author))
 }
 

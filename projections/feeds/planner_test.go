@@ -139,6 +139,7 @@ func (rig *plannerRig) runFailing(t *testing.T, batches [][]events.Record, flush
 	for i, b := range batches {
 		if flushed[i] {
 			require.NoError(t, rig.raw.ScriptFlush(ctx).Err())
+			require.NoError(t, rig.raw.FunctionFlush(ctx).Err())
 		}
 		if failing[i] {
 			cfg := stream.CachedInfo().Config

@@ -105,9 +105,9 @@ func stWithDefaults(c Config) Config {
 type Store struct {
 	rdb       redis.UniversalClient
 	cfg       Config
-	apply     *redis.Script
-	page      *redis.Script
-	outboxAdd *redis.Script
+	apply     *stFunction
+	page      *stFunction
+	outboxAdd *stFunction
 	version   int64
 	prefix    string
 	// batch is whether one apply script call may carry many recipients: only
@@ -127,9 +127,9 @@ func NewStore(rdb redis.UniversalClient, cfg Config) *Store {
 	s := &Store{
 		rdb:       rdb,
 		cfg:       stWithDefaults(cfg),
-		apply:     redis.NewScript(stApplyLua),
-		page:      redis.NewScript(stPageLua),
-		outboxAdd: redis.NewScript(stOutboxAddLua),
+		apply:     stApply,
+		page:      stPage,
+		outboxAdd: stOutboxAdd,
 		repairs:   new(atomic.Int64),
 	}
 	// A failover (Sentinel) client is a *redis.Client too: one master.
@@ -354,16 +354,16 @@ func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err 
 	n, retry, err := s.stRunApply(ctx, calls)
 	applied += n
 	if err == nil && len(retry) > 0 {
-		// The script cache was flushed (a restart, SCRIPT FLUSH). The calls that
-		// failed wrote nothing, so loading the script and running them again
-		// keeps every recipient's order.
-		if err := s.apply.Load(ctx, s.rdb).Err(); err != nil {
-			return applied, stFail("apply feed items: load script", err)
+		// Redis lacked the function (a new Redis, a restart without
+		// persistence, FUNCTION FLUSH). The calls that failed wrote nothing, so
+		// loading it and running them again keeps every recipient's order.
+		if err := s.apply.Load(ctx, s.rdb); err != nil {
+			return applied, stFail("apply feed items", err)
 		}
 		n, retry, err = s.stRunApply(ctx, retry)
 		applied += n
 		if err == nil && len(retry) > 0 {
-			err = fmt.Errorf("apply feed items for %s: script cache flushed twice: %w", retry[0], domain.ErrUnavailable)
+			err = fmt.Errorf("apply feed items for %s: Lua functions flushed twice: %w", retry[0], domain.ErrUnavailable)
 		}
 	}
 	return applied, err
@@ -506,12 +506,12 @@ func stNewest(posts []domain.PostID, floor int64, limit int) ([]domain.PostID, i
 }
 
 // stRunApply pipelines the calls and returns how many items they applied and
-// the calls refused because the script was not cached.
-func (s *Store) stRunApply(ctx context.Context, calls []*stApplyCall) (applied int, noScript []*stApplyCall, err error) {
+// the calls refused because Redis lacked the function.
+func (s *Store) stRunApply(ctx context.Context, calls []*stApplyCall) (applied int, missing []*stApplyCall, err error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = s.apply.EvalSha(ctx, pipe, c.keys, c.args(s.cfg)...)
+		cmds[i] = s.apply.FCall(ctx, pipe, c.keys, c.args(s.cfg)...)
 	}
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	for i, cmd := range cmds {
@@ -522,13 +522,13 @@ func (s *Store) stRunApply(ctx context.Context, calls []*stApplyCall) (applied i
 			s.repairs.Add(res[1])
 		case cerr == nil:
 			err = fmt.Errorf("apply feed items for %s: unexpected answer %v", calls[i], res)
-		case errors.Is(cerr, redis.ErrNoScript) || redis.HasErrorPrefix(cerr, "NOSCRIPT"):
-			noScript = append(noScript, calls[i])
+		case stMissingFunction(cerr):
+			missing = append(missing, calls[i])
 		case err == nil:
 			err = stFail(fmt.Sprintf("apply feed items for %s", calls[i]), cerr)
 		}
 	}
-	return applied, noScript, err
+	return applied, missing, err
 }
 
 // AddToOutbox adds post to author's outbox, trimming it to OutboxCap and
@@ -831,15 +831,15 @@ func (s *Store) pageWithBig(ctx context.Context, user domain.UserID, before int6
 }
 
 // withPageScript runs read, a transaction that reads an inbox with the page
-// script, whose command inbox returns; if Redis did not have the script
-// cached (a restart, SCRIPT FLUSH), it loads it and runs read again. The
-// script wrote nothing when it was refused.
+// function, whose command inbox returns; if Redis did not have the function
+// (a new Redis, a restart without persistence, FUNCTION FLUSH), it loads it
+// and runs read again. The function wrote nothing when it was refused.
 func (s *Store) withPageScript(ctx context.Context, what string, read func() error, inbox func() *redis.Cmd) error {
 	for range 2 {
 		err := read()
-		if ierr := inbox().Err(); ierr != nil && (errors.Is(ierr, redis.ErrNoScript) || redis.HasErrorPrefix(ierr, "NOSCRIPT")) {
-			if err := s.page.Load(ctx, s.rdb).Err(); err != nil {
-				return stFail(what+": load script", err)
+		if stMissingFunction(inbox().Err()) {
+			if err := s.page.Load(ctx, s.rdb); err != nil {
+				return stFail(what, err)
 			}
 			continue
 		}
@@ -848,7 +848,7 @@ func (s *Store) withPageScript(ctx context.Context, what string, read func() err
 		}
 		return nil
 	}
-	return fmt.Errorf("%s: script cache flushed twice: %w", what, domain.ErrUnavailable)
+	return fmt.Errorf("%s: Lua functions flushed twice: %w", what, domain.ErrUnavailable)
 }
 
 // pageRange is the score range of a page of n posts below before.
@@ -882,7 +882,7 @@ func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domai
 	if refresh {
 		ttl = strconv.FormatInt(max(s.cfg.TTL.Milliseconds(), 1), 10)
 	}
-	return s.page.EvalSha(ctx, pipe, []string{s.userKey(user, stInboxSuffix)}, from, n, ttl)
+	return s.page.FCall(ctx, pipe, []string{s.userKey(user, stInboxSuffix)}, from, n, ttl)
 }
 
 // inboxScore is the score of post p in an inbox: 2^53 - p, newest first (see
@@ -1103,6 +1103,25 @@ func stLayout(m string) (gen string, head, tail, below int64, ok bool) {
 	}
 	return gen, nums[0], nums[2], nums[1], true
 }
+
+// LoadFunctions loads the Lua functions the store calls into Redis, as a
+// call that finds one missing does. It fails with ErrRedisTooOld if Redis
+// has no functions (before 7.0).
+func (s *Store) LoadFunctions(ctx context.Context) error {
+	for _, f := range []*stFunction{s.apply, s.page, s.outboxAdd} {
+		if err := f.Load(ctx, s.rdb); err != nil {
+			if redis.HasErrorPrefix(err, "unknown command") {
+				return fmt.Errorf("%w: %w", ErrRedisTooOld, err)
+			}
+			return stFail("load the feeds' Lua functions", err)
+		}
+	}
+	return nil
+}
+
+// ErrRedisTooOld is a Redis without Lua functions (FUNCTION, FCALL): before
+// 7.0.
+var ErrRedisTooOld = errors.New("the feeds need Redis 7.0 or later")
 
 // CheckListpack returns Redis's zset-max-listpack-entries (zset-max-ziplist-
 // entries before Redis 7). Every inbox stays compact if it is at least

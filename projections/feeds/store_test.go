@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -586,19 +587,52 @@ func TestApplyItemsRejectsInvalidItemsBeforeWriting(t *testing.T) {
 	}
 }
 
-// TestApplyItemsAfterScriptFlush: a restarted Redis has no scripts cached; the
-// items still apply, once each.
-func TestApplyItemsAfterScriptFlush(t *testing.T) {
+// TestFunctionsAfterFlush: a Redis restarted without persistence has none of
+// the Lua functions; each way of calling them loads them and the calls apply
+// once each.
+func TestFunctionsAfterFlush(t *testing.T) {
 	t.Parallel()
-	s, rdb := newStore(t, feeds.Config{})
+	s, rdb := newStore(t, feeds.Config{OutboxCap: 3})
 	ctx := t.Context()
 	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10)})
 	require.NoError(t, err)
-	require.NoError(t, rdb.ScriptFlush(ctx).Err())
+	require.NoError(t, s.AddToOutbox(ctx, bob, 5))
+
+	// The apply function, pipelined.
+	require.NoError(t, rdb.FunctionFlush(ctx).Err())
 	applied, err := s.ApplyItems(ctx, []feeds.Item{push(2, 20), remove(3, 10)})
 	require.NoError(t, err)
 	assert.Equal(t, 2, applied)
+
+	// The page function, in a transaction.
+	require.NoError(t, rdb.FunctionFlush(ctx).Err())
+	page, err := s.Page(ctx, alice, nil, 0, 10)
+	require.NoError(t, err)
+	assert.Equal(t, ids(20), page.Posts)
+
+	// The page function, alone.
+	require.NoError(t, rdb.FunctionFlush(ctx).Err())
 	assert.Equal(t, inboxState{ids(20), 0, 3, true}, readInbox(t, s, alice))
+
+	// The outbox function, alone.
+	require.NoError(t, rdb.FunctionFlush(ctx).Err())
+	require.NoError(t, s.AddToOutbox(ctx, bob, 6))
+	got, err := s.Outboxes(ctx, []domain.UserID{bob})
+	require.NoError(t, err)
+	assert.Equal(t, ids(6, 5), got[bob].Posts)
+
+	// All three at once, as serve does at its start, each a library of its own.
+	require.NoError(t, rdb.FunctionFlush(ctx).Err())
+	require.NoError(t, s.LoadFunctions(ctx))
+	libs, err := rdb.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+	require.NoError(t, err)
+	var names []string
+	for _, l := range libs {
+		require.Len(t, l.Functions, 1, l.Name)
+		assert.Equal(t, l.Name, l.Functions[0].Name)
+		names = append(names, strings.SplitN(l.Name, "_", 3)[1])
+	}
+	assert.ElementsMatch(t, []string{"apply", "page", "outbox"}, names)
 }
 
 func TestOutbox(t *testing.T) {

@@ -1,6 +1,15 @@
 -- Applies work items to the inboxes of one or more recipients: each
 -- recipient's items in order, the whole call atomically.
 --
+-- A function library (FUNCTION LOAD), not a script (EVAL): Redis runs a
+-- library's code once, when it loads it, and a call runs only the function
+-- it registers, NAME (scripts.go gives the library's name and NAME, both
+-- named by a hash of this code). Everything this file defines is made once,
+-- not per call: as a script, making its constants, tables and some 30
+-- closures cost Redis more instructions a call than a lone push's commands.
+-- What a call is given and finds lives in this file's locals too, set at
+-- the start of each call (Redis runs one call at a time).
+--
 -- KEYS[1..k] the recipients' inboxes (their meta keys), feed:v<N>:{<uid>}:ix
 -- ARGV[1]    the inbox cap (posts kept)
 -- ARGV[2]    the inbox TTL in milliseconds (set when materialising)
@@ -80,18 +89,19 @@
 --
 -- Returns {items applied, entries reconcile had to repair}.
 
--- Globals, as locals: the hot loop reads them for every push.
-local rcall, tonumber, format, unpack = redis.call, tonumber, string.format, unpack
-local KEYS, ARGV = KEYS, ARGV
+-- redis.call and string.format as locals, set by each call: the hot loop
+-- reads them for every push. (A library's code sees no global but redis,
+-- and redis without call, when it loads; its functions see them all.)
+local rcall, format
 
-local cap = tonumber(ARGV[1])
-local ttl = tonumber(ARGV[2])
--- No segment is given more than the cap, so that a zset-max-listpack-entries
--- of the cap and a few keeps every one compact, whatever S.
-local S = math.min(tonumber(ARGV[3]), cap)
--- A head takes posts older than its newest (log order is not quite id order)
--- up to 2S; past that the inbox is rewritten.
-local L = math.min(2 * S, cap)
+-- The call's keys and arguments.
+local KEYS, ARGV
+-- The call's cap and TTL (ARGV[1], ARGV[2]) and S. No segment is given more
+-- than the cap, so that a zset-max-listpack-entries of the cap and a few
+-- keeps every one compact, whatever S. A head takes posts older than its
+-- newest (log order is not quite id order) up to L, 2S; past that the inbox
+-- is rewritten.
+local cap, ttl, S, L
 -- How much longer than the meta a segment lives.
 local margin = 1000
 
@@ -100,15 +110,16 @@ local function num(x)
 end
 
 -- score is the score of post p (a number): newest first; member is its
--- member. Both are kept for the call: a fan-out puts the same posts into
--- many inboxes, and a lookup is cheaper than formatting them again.
+-- member. Both are kept for the call (scores and members are made anew by
+-- each): a fan-out puts the same posts into many inboxes, and a lookup is
+-- cheaper than formatting them again.
 local M = 9007199254740992 -- 2^53; every post id is below it
 local MARK = '-9007199254740994' -- "m"'s score, -(2^53+2)
 -- A small inbox's meta: its posts are the members scored above POSTS (the
 -- layout's 0), and it has SMALL members besides ("m", "f", "s", "b" and the
 -- layout).
 local POSTS, SMALL = '(0', 5
-local scores, members = {}, {}
+local scores, members
 local function score(p)
   local s = scores[p]
   if not s then
@@ -138,43 +149,46 @@ end
 -- post count of one are looked up as strings; a floor is read only by the
 -- ops that use it.
 local opOf = {['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7}
-local lists = {}
-local i = 5
-for l = 1, tonumber(ARGV[4]) do
-  local list = {}
-  for k = 1, tonumber(ARGV[i]) do
-    local op = opOf[ARGV[i + 1]] or tonumber(ARGV[i + 1])
-    local it = {op = op, seq = ARGV[i + 2] + 0}
-    if op > 2 and op < 7 then it.floor = tonumber(ARGV[i + 3]) end
-    local n = ARGV[i + 4]
-    if n == '1' then n = 1 else n = tonumber(n) end
-    it.first, it.last = i + 5, i + 4 + n
-    i = it.last
-    it.afirst, it.alast = 0, -1
-    if op == 6 then
-      it.afirst, it.alast = i + 2, i + 1 + tonumber(ARGV[i + 1])
-      i = it.alast
+-- readLists reads the call's item lists; it returns them and the index of
+-- the first argument after them.
+local function readLists()
+  local lists = {}
+  local i = 5
+  for l = 1, tonumber(ARGV[4]) do
+    local list = {}
+    for k = 1, tonumber(ARGV[i]) do
+      local op = opOf[ARGV[i + 1]] or tonumber(ARGV[i + 1])
+      local it = {op = op, seq = ARGV[i + 2] + 0}
+      if op > 2 and op < 7 then it.floor = tonumber(ARGV[i + 3]) end
+      local n = ARGV[i + 4]
+      if n == '1' then n = 1 else n = tonumber(n) end
+      it.first, it.last = i + 5, i + 4 + n
+      i = it.last
+      it.afirst, it.alast = 0, -1
+      if op == 6 then
+        it.afirst, it.alast = i + 2, i + 1 + tonumber(ARGV[i + 1])
+        i = it.alast
+      end
+      if it.first == it.last then it.p = ARGV[it.first] + 0 end
+      list[k] = it
     end
-    if it.first == it.last then it.p = ARGV[it.first] + 0 end
-    list[k] = it
+    -- A lone push: what a post's fan-out gives each follower.
+    if #list == 1 and list[1].op == 1 and list[1].p then
+      list.push = list[1]
+      local it = list[1]
+      it.post, it.score, it.s = ARGV[it.first], score(it.p), num(-(it.seq + 1))
+      -- The members scored below the post's -(p+1), once "s" is the item's:
+      -- "b" if the post belongs below the head, "f" if it is below the floor
+      -- (b >= floor), and "s" if the item's seq is above the post.
+      it.under = '(' .. num(-(it.p + 1))
+      it.sUnder = 0
+      if it.seq > it.p then it.sUnder = 1 end
+    end
+    lists[l] = list
+    i = i + 1
   end
-  -- A lone push: what a post's fan-out gives each follower.
-  if #list == 1 and list[1].op == 1 and list[1].p then
-    list.push = list[1]
-    local it = list[1]
-    it.post, it.score, it.s = ARGV[it.first], score(it.p), num(-(it.seq + 1))
-    -- The members scored below the post's -(p+1), once "s" is the item's:
-    -- "b" if the post belongs below the head, "f" if it is below the floor
-    -- (b >= floor), and "s" if the item's seq is above the post.
-    it.under = '(' .. num(-(it.p + 1))
-    it.sUnder = 0
-    if it.seq > it.p then it.sUnder = 1 end
-  end
-  lists[l] = list
-  i = i + 1
+  return lists, i
 end
--- With more than one list, ARGV[i + r - 1] is the list of KEYS[r].
-local shared = #lists == 1 and lists[1]
 
 -- The inbox being changed and what is known of it. The fields of its meta
 -- are kept as they will be saved, with what was last saved of each.
@@ -182,417 +196,408 @@ local key            -- KEYS[r], its meta
 local exists         -- whether it is materialised
 local floor, seq, b  -- "f", "s", "b"
 local gen, h, t, r   -- the layout's (gen as a string of digits)
-local was = {}       -- the fields as stored (nil: not stored); the layout as lay
+local was           -- the fields as stored (nil: not stored); the layout as lay
 local segp           -- the segments' names without their number
 local hc             -- the head's posts, or nil when not known
 local life           -- a new segment's TTL in ms (0: none), or nil when not known
 local dirty          -- whether an item was applied since the last save
 
--- The machinery of the general way, made only by a call that takes it:
--- making its closures (each finds its upvalues among the open ones) cost
--- Redis some 22 000 instructions a call, most of what a lone push into a
--- small inbox costs, and the calls of a fan-out to followers with small
--- inboxes need none of it.
+-- The general way: declared first, as they call each other.
 local seg, postsOf, setGen, parse, layout, layoutOf, headCount, expireKey, expire, tailUp, oldest, add, readAll, writeAll, trim, addPosts, remove, raise, candidates, reconcile, load, save, materialise
-local built = false
-local function build()
-  if built then return end
-  built = true
 
-  function seg(k)
-    if k == 0 then return key end
-    return segp .. num(k)
-  end
+function seg(k)
+  if k == 0 then return key end
+  return segp .. num(k)
+end
 
-  -- postsOf returns the posts (strings) of segment k, newest first.
-  function postsOf(k)
-    if k == 0 then return rcall('ZRANGEBYSCORE', key, POSTS, '+inf') end
-    return rcall('ZRANGE', seg(k), '0', '-1')
-  end
+-- postsOf returns the posts (strings) of segment k, newest first.
+function postsOf(k)
+  if k == 0 then return rcall('ZRANGEBYSCORE', key, POSTS, '+inf') end
+  return rcall('ZRANGE', seg(k), '0', '-1')
+end
 
-  -- setGen makes g (a string of digits) the inbox's generation.
-  function setGen(g)
-    gen, segp = g, key .. ':' .. g .. ':'
-  end
+-- setGen makes g (a string of digits) the inbox's generation.
+function setGen(g)
+  gen, segp = g, key .. ':' .. g .. ':'
+end
 
-  -- parse makes the layout member m the inbox's; false if it is not one.
-  function parse(m)
-    local g, hs, rs, ts = string.match(m, '^(%d+):(%d+)/(%d+)/(%d+)$')
-    if not g then return false end
-    setGen(g)
-    h, r, t = tonumber(hs), tonumber(rs), tonumber(ts)
-    return true
-  end
+-- parse makes the layout member m the inbox's; false if it is not one.
+function parse(m)
+  local g, hs, rs, ts = string.match(m, '^(%d+):(%d+)/(%d+)/(%d+)$')
+  if not g then return false end
+  setGen(g)
+  h, r, t = tonumber(hs), tonumber(rs), tonumber(ts)
+  return true
+end
 
-  -- layout reads the meta's member scored 0, its layout if it has one.
-  function layout()
-    return rcall('ZRANGEBYSCORE', key, '0', '0')[1] or ''
-  end
+-- layout reads the meta's member scored 0, its layout if it has one.
+function layout()
+  return rcall('ZRANGEBYSCORE', key, '0', '0')[1] or ''
+end
 
-  function layoutOf()
-    return gen .. ':' .. num(h) .. '/' .. num(r) .. '/' .. num(t)
-  end
+function layoutOf()
+  return gen .. ':' .. num(h) .. '/' .. num(r) .. '/' .. num(t)
+end
 
-  -- headCount is the number of posts in the head.
-  function headCount()
-    if not hc then
-      if h == 0 then
-        hc = rcall('ZCARD', key) - SMALL
-      else
-        hc = rcall('ZCARD', seg(h))
-      end
-    end
-    return hc
-  end
-
-  -- expireKey gives the segment named k the meta's life and a margin.
-  function expireKey(k)
-    if not life then
-      local ms = rcall('PTTL', key)
-      if ms > 0 then life = ms + margin else life = 0 end
-    end
-    if life > 0 then rcall('PEXPIRE', k, num(life)) end
-  end
-
-  -- expire gives segment k the meta's life and a margin (segment 0, the meta,
-  -- has its own).
-  function expire(k)
-    if k > 0 then expireKey(seg(k)) end
-  end
-
-  -- tailUp moves t to the lowest segment that exists, or to h.
-  function tailUp()
-    while t < h and rcall('EXISTS', seg(t)) == 0 do t = t + 1 end
-  end
-
-  -- oldest is the oldest post of the inbox, or nil if it has none.
-  function oldest()
-    for k = t, h do
-      local o
-      if k == 0 then
-        o = rcall('ZREVRANGEBYSCORE', key, '+inf', POSTS, 'LIMIT', '0', '1')[1]
-      else
-        o = rcall('ZRANGE', seg(k), '-1', '-1')[1]
-      end
-      if o then return tonumber(o) end
-    end
-    return nil
-  end
-
-  -- add adds the posts ps (numbers, ascending) to segment k and returns how
-  -- many were not there.
-  function add(k, ps, from, to)
-    if from > to then return 0 end
-    local args, n = {}, 0
-    for j = from, to do
-      args[n + 1], args[n + 2] = score(ps[j]), member(ps[j])
-      n = n + 2
-    end
-    return rcall('ZADD', seg(k), unpack(args, 1, n))
-  end
-
-  -- readAll returns every post of the inbox, as numbers, newest first.
-  function readAll()
-    local all = {}
-    for k = h, t, -1 do
-      local ms = postsOf(k)
-      for j = 1, #ms do all[#all + 1] = ms[j] + 0 end
-    end
-    return all
-  end
-
-  -- writeAll makes the inbox exactly the posts ps (numbers, any order, maybe
-  -- repeated), kept to the cap newest; if any had to go, the floor becomes the
-  -- oldest kept. S posts or fewer go into the meta (segment 0); more are
-  -- written anew in segments from t (1 if it was 0): the oldest S posts in t,
-  -- the next S in t+1, and so on; the head h has the newest, S or fewer.
-  function writeAll(ps)
-    table.sort(ps, function(x, y) return x > y end)
-    local all, last = {}, nil
-    for j = 1, #ps do
-      if ps[j] ~= last and ps[j] >= floor then
-        all[#all + 1] = ps[j]
-        last = ps[j]
-      end
-    end
-    if #all > cap then
-      for j = #all, cap + 1, -1 do all[j] = nil end
-      floor = all[cap]
-    end
-    local old = {}
-    for k = math.max(t, 1), h do old[#old + 1] = seg(k) end
-    if #old > 0 then rcall('DEL', unpack(old)) end
-    if t == 0 and hc ~= 0 then rcall('ZREMRANGEBYSCORE', key, POSTS, '+inf') end
-    -- Oldest first, each segment's posts ascending: a listpack inserts a post
-    -- with a lower score than all it holds at its head.
-    local m = #all
-    local nseg = math.max(1, math.ceil(m / S))
-    if nseg == 1 then
-      t = 0
-    else
-      t = math.max(t, 1)
-    end
-    local asc = {}
-    for j = 1, m do asc[j] = all[m - j + 1] end
-    for j = 0, nseg - 1 do
-      local from, to = j * S + 1, math.min((j + 1) * S, m)
-      if j == nseg - 1 then to = m end
-      if from <= to then
-        add(t + j, asc, from, to)
-        expire(t + j)
-      end
-    end
-    h = t + nseg - 1
-    hc = m - (nseg - 1) * S
-    r = m - hc
-    b = floor
-    if nseg > 1 then b = math.max(b, asc[(nseg - 1) * S] + 1) end
-  end
-
-  -- trim drops the oldest posts while the inbox holds more than the cap; if any
-  -- went, the floor becomes the oldest kept.
-  function trim()
-    local d = r + headCount() - cap
-    if d <= 0 then return end
-    while d > 0 do
-      if t == h then
-        rcall('ZREMRANGEBYRANK', seg(h), -d, '-1')
-        hc = hc - d
-        d = 0
-      else
-        local n = rcall('ZCARD', seg(t))
-        if n <= d then
-          if n > 0 then rcall('DEL', seg(t)) end
-          r, d = r - n, d - n
-          t = t + 1
-          tailUp()
-        else
-          rcall('ZREMRANGEBYRANK', seg(t), -d, '-1')
-          r, d = r - d, 0
-        end
-      end
-    end
-    floor = oldest() or floor
-    b = math.max(b, floor)
-  end
-
-  -- addPosts adds posts (numbers, >= floor, no repeats) to the inbox, keeping
-  -- the cap newest. Posts at or above b go into the head or new heads above it
-  -- (a push, as a rule); if any is below b, or the head would outgrow L, the
-  -- inbox is rewritten.
-  function addPosts(ps)
-    if #ps == 0 then return end
-    for j = 1, #ps do
-      if ps[j] < b then
-        local all = readAll()
-        for q = 1, #ps do all[#all + 1] = ps[q] end
-        writeAll(all)
-        return
-      end
-    end
-    local n = headCount()
-    if n + #ps <= S then
-      table.sort(ps)
-      hc = n + add(h, ps, 1, #ps)
-      if n == 0 then expire(h) end -- a head emptied by removals is gone
-      trim()
-      return
-    end
+-- headCount is the number of posts in the head.
+function headCount()
+  if not hc then
     if h == 0 then
-      -- A small inbox outgrows its meta: its posts move as they are into
-      -- segment 1 (no segment of its generation is left from before: a
-      -- rewrite into the meta deletes them), the head from now on.
-      rcall('ZRANGESTORE', seg(1), key, POSTS, '+inf', 'BYSCORE')
-      rcall('ZREMRANGEBYSCORE', key, POSTS, '+inf')
-      h, t = 1, 1
-      expire(1)
+      hc = rcall('ZCARD', key) - SMALL
+    else
+      hc = rcall('ZCARD', seg(h))
     end
-    -- The posts newer than the head's newest go above it; the others into it.
-    local top = b - 1
-    if n > 0 then top = tonumber(rcall('ZRANGE', seg(h), '0', '0')[1]) end
-    local into, above = {}, {}
-    for j = 1, #ps do
-      if ps[j] <= top then into[#into + 1] = ps[j] else above[#above + 1] = ps[j] end
+  end
+  return hc
+end
+
+-- expireKey gives the segment named k the meta's life and a margin.
+function expireKey(k)
+  if not life then
+    local ms = rcall('PTTL', key)
+    if ms > 0 then life = ms + margin else life = 0 end
+  end
+  if life > 0 then rcall('PEXPIRE', k, num(life)) end
+end
+
+-- expire gives segment k the meta's life and a margin (segment 0, the meta,
+-- has its own).
+function expire(k)
+  if k > 0 then expireKey(seg(k)) end
+end
+
+-- tailUp moves t to the lowest segment that exists, or to h.
+function tailUp()
+  while t < h and rcall('EXISTS', seg(t)) == 0 do t = t + 1 end
+end
+
+-- oldest is the oldest post of the inbox, or nil if it has none.
+function oldest()
+  for k = t, h do
+    local o
+    if k == 0 then
+      o = rcall('ZREVRANGEBYSCORE', key, '+inf', POSTS, 'LIMIT', '0', '1')[1]
+    else
+      o = rcall('ZRANGE', seg(k), '-1', '-1')[1]
     end
-    if n + #into > L then
+    if o then return tonumber(o) end
+  end
+  return nil
+end
+
+-- add adds the posts ps (numbers, ascending) to segment k and returns how
+-- many were not there.
+function add(k, ps, from, to)
+  if from > to then return 0 end
+  local args, n = {}, 0
+  for j = from, to do
+    args[n + 1], args[n + 2] = score(ps[j]), member(ps[j])
+    n = n + 2
+  end
+  return rcall('ZADD', seg(k), unpack(args, 1, n))
+end
+
+-- readAll returns every post of the inbox, as numbers, newest first.
+function readAll()
+  local all = {}
+  for k = h, t, -1 do
+    local ms = postsOf(k)
+    for j = 1, #ms do all[#all + 1] = ms[j] + 0 end
+  end
+  return all
+end
+
+-- writeAll makes the inbox exactly the posts ps (numbers, any order, maybe
+-- repeated), kept to the cap newest; if any had to go, the floor becomes the
+-- oldest kept. S posts or fewer go into the meta (segment 0); more are
+-- written anew in segments from t (1 if it was 0): the oldest S posts in t,
+-- the next S in t+1, and so on; the head h has the newest, S or fewer.
+function writeAll(ps)
+  table.sort(ps, function(x, y) return x > y end)
+  local all, last = {}, nil
+  for j = 1, #ps do
+    if ps[j] ~= last and ps[j] >= floor then
+      all[#all + 1] = ps[j]
+      last = ps[j]
+    end
+  end
+  if #all > cap then
+    for j = #all, cap + 1, -1 do all[j] = nil end
+    floor = all[cap]
+  end
+  local old = {}
+  for k = math.max(t, 1), h do old[#old + 1] = seg(k) end
+  if #old > 0 then rcall('DEL', unpack(old)) end
+  if t == 0 and hc ~= 0 then rcall('ZREMRANGEBYSCORE', key, POSTS, '+inf') end
+  -- Oldest first, each segment's posts ascending: a listpack inserts a post
+  -- with a lower score than all it holds at its head.
+  local m = #all
+  local nseg = math.max(1, math.ceil(m / S))
+  if nseg == 1 then
+    t = 0
+  else
+    t = math.max(t, 1)
+  end
+  local asc = {}
+  for j = 1, m do asc[j] = all[m - j + 1] end
+  for j = 0, nseg - 1 do
+    local from, to = j * S + 1, math.min((j + 1) * S, m)
+    if j == nseg - 1 then to = m end
+    if from <= to then
+      add(t + j, asc, from, to)
+      expire(t + j)
+    end
+  end
+  h = t + nseg - 1
+  hc = m - (nseg - 1) * S
+  r = m - hc
+  b = floor
+  if nseg > 1 then b = math.max(b, asc[(nseg - 1) * S] + 1) end
+end
+
+-- trim drops the oldest posts while the inbox holds more than the cap; if any
+-- went, the floor becomes the oldest kept.
+function trim()
+  local d = r + headCount() - cap
+  if d <= 0 then return end
+  while d > 0 do
+    if t == h then
+      rcall('ZREMRANGEBYRANK', seg(h), -d, '-1')
+      hc = hc - d
+      d = 0
+    else
+      local n = rcall('ZCARD', seg(t))
+      if n <= d then
+        if n > 0 then rcall('DEL', seg(t)) end
+        r, d = r - n, d - n
+        t = t + 1
+        tailUp()
+      else
+        rcall('ZREMRANGEBYRANK', seg(t), -d, '-1')
+        r, d = r - d, 0
+      end
+    end
+  end
+  floor = oldest() or floor
+  b = math.max(b, floor)
+end
+
+-- addPosts adds posts (numbers, >= floor, no repeats) to the inbox, keeping
+-- the cap newest. Posts at or above b go into the head or new heads above it
+-- (a push, as a rule); if any is below b, or the head would outgrow L, the
+-- inbox is rewritten.
+function addPosts(ps)
+  if #ps == 0 then return end
+  for j = 1, #ps do
+    if ps[j] < b then
       local all = readAll()
       for q = 1, #ps do all[#all + 1] = ps[q] end
       writeAll(all)
       return
     end
-    table.sort(above)
-    local room = math.max(0, S - n - #into)
-    local first = math.min(room, #above)
-    for j = 1, first do into[#into + 1] = above[j] end
-    if first > 0 then top = above[first] end
-    hc = n + add(h, into, 1, #into)
-    if n == 0 and hc > 0 then expire(h) end
-    -- The rest in new heads of S each.
-    local j = first + 1
-    while j <= #above do
-      local to = math.min(j + S - 1, #above)
-      r = r + hc
-      h, b = h + 1, top + 1
-      hc = add(h, above, j, to)
-      expire(h)
-      top = above[to]
-      j = to + 1
-    end
+  end
+  local n = headCount()
+  if n + #ps <= S then
+    table.sort(ps)
+    hc = n + add(h, ps, 1, #ps)
+    if n == 0 then expire(h) end -- a head emptied by removals is gone
     trim()
+    return
   end
-
-  -- remove takes the posts (strings) from ARGV[first .. last] out of the inbox.
-  function remove(first, last)
-    for k = t, h do
-      local gone = 0
-      for c = first, last, 1000 do
-        gone = gone + rcall('ZREM', seg(k), unpack(ARGV, c, math.min(c + 999, last)))
-      end
-      if k == h then
-        if hc then hc = hc - gone end
-      else
-        r = r - gone
-      end
-    end
-    tailUp()
+  if h == 0 then
+    -- A small inbox outgrows its meta: its posts move as they are into
+    -- segment 1 (no segment of its generation is left from before: a
+    -- rewrite into the meta deletes them), the head from now on.
+    rcall('ZRANGESTORE', seg(1), key, POSTS, '+inf', 'BYSCORE')
+    rcall('ZREMRANGEBYSCORE', key, POSTS, '+inf')
+    h, t = 1, 1
+    expire(1)
   end
-
-  -- raise lifts the floor to f, dropping the posts below it.
-  function raise(f)
-    if f <= floor then return end
-    for k = t, h do
-      local gone = rcall('ZREMRANGEBYSCORE', seg(k), '(' .. score(f), '+inf')
-      if k == h then
-        if hc then hc = hc - gone end
-      else
-        r = r - gone
-      end
-      if rcall('EXISTS', seg(k)) == 1 then break end
-    end
-    floor = f
-    b = math.max(b, f)
-    tailUp()
+  -- The posts newer than the head's newest go above it; the others into it.
+  local top = b - 1
+  if n > 0 then top = tonumber(rcall('ZRANGE', seg(h), '0', '0')[1]) end
+  local into, above = {}, {}
+  for j = 1, #ps do
+    if ps[j] <= top then into[#into + 1] = ps[j] else above[#above + 1] = ps[j] end
   end
-
-  -- candidates are the item's posts (numbers) >= min without repeats; given a
-  -- table of posts, those.
-  function candidates(it, min, src)
-    local out, seen = {}, {}
-    local lo, hi = 1, 0
-    if src then hi = #src else lo, hi = it.first, it.last end
-    for j = lo, hi do
-      local p
-      if src then p = src[j] else p = ARGV[j] + 0 end
-      if p >= min and not seen[p] then
-        seen[p] = true
-        out[#out + 1] = p
-      end
-    end
-    return out
+  if n + #into > L then
+    local all = readAll()
+    for q = 1, #ps do all[#all + 1] = ps[q] end
+    writeAll(all)
+    return
   end
-
-  -- reconcile makes the inbox exactly the item's posts above the higher of its
-  -- floor and the item's, and counts what it had to change: entries above that
-  -- floor that should not be there (unless allowed: a big account's older posts,
-  -- which reads merge anyway), entries missing, and the entries beyond the cap of
-  -- those that remain. Entries below the floor are dropped uncounted when the
-  -- inbox is within its cap: the planner cannot vouch for them, but they are not
-  -- wrong.
-  function reconcile(it)
-    local f = math.max(floor, it.floor)
-    local want, allowed, repairs = {}, {}, 0
-    for j = it.first, it.last do
-      local p = ARGV[j] + 0
-      if p >= f then want[p] = true end
-    end
-    for j = it.afirst, it.alast do allowed[tonumber(ARGV[j])] = true end
-    local have, kept, present = readAll(), {}, {}
-    for _, p in ipairs(have) do
-      present[p] = true
-      if p >= f and not want[p] and not allowed[p] then
-        repairs = repairs + 1
-      else
-        kept[#kept + 1] = p
-      end
-    end
-    if #kept > cap then repairs = repairs + #kept - cap end
-    for p in pairs(want) do
-      if not present[p] then repairs = repairs + 1 end
-    end
-    floor = math.max(floor, f)
-    for p in pairs(want) do kept[#kept + 1] = p end
-    writeAll(kept)
-    return repairs
+  table.sort(above)
+  local room = math.max(0, S - n - #into)
+  local first = math.min(room, #above)
+  for j = 1, first do into[#into + 1] = above[j] end
+  if first > 0 then top = above[first] end
+  hc = n + add(h, into, 1, #into)
+  if n == 0 and hc > 0 then expire(h) end
+  -- The rest in new heads of S each.
+  local j = first + 1
+  while j <= #above do
+    local to = math.min(j + S - 1, #above)
+    r = r + hc
+    h, b = h + 1, top + 1
+    hc = add(h, above, j, to)
+    expire(h)
+    top = above[to]
+    j = to + 1
   end
-
-  -- load reads the meta of the inbox. An inbox of the unsegmented layout is
-  -- deleted: it does not exist.
-  function load()
-    exists, floor, seq, b, hc, life, dirty = false, 0, 0, 0, nil, nil, false
-    was = {}
-    local sc = rcall('ZMSCORE', key, 'f', 's', 'b')
-    if not sc[1] then return end
-    local lay = layout()
-    if not parse(lay) then
-      rcall('DEL', key)
-      return
-    end
-    exists = true
-    floor = -sc[1] - 1
-    seq = -sc[2] - 1
-    b = -sc[3] - 1
-    was = {f = floor, s = seq, b = b, lay = lay, small = h == 0}
-  end
-
-  -- save stores the meta's fields that changed.
-  function save()
-    local args, n = {}, 0
-    local function put(name, v, sc)
-      if was[name] ~= v then
-        args[n + 1], args[n + 2] = num(sc), name
-        n = n + 2
-        was[name] = v
-      end
-    end
-    put('f', floor, -(floor + 1))
-    put('s', seq, -(seq + 1))
-    put('b', b, -(b + 1))
-    local gone = {}
-    local lay = layoutOf()
-    if lay ~= was.lay then
-      if was.lay then gone[#gone + 1] = was.lay end
-      args[n + 1], args[n + 2] = '0', lay
-      n = n + 2
-      was.lay = lay
-    end
-    local small = h == 0
-    if small ~= (was.small or false) then
-      if small then
-        args[n + 1], args[n + 2] = MARK, 'm'
-        n = n + 2
-      else
-        gone[#gone + 1] = 'm'
-      end
-      was.small = small
-    end
-    if #gone > 0 then rcall('ZREM', key, unpack(gone)) end
-    if n > 0 then rcall('ZADD', key, unpack(args, 1, n)) end
-    dirty = false
-  end
-
-  -- materialise creates the inbox from the item's posts.
-  function materialise(it)
-    local now = rcall('TIME')
-    setGen(now[1] .. format('%06d', tonumber(now[2])))
-    exists, floor, seq, b, h, t, r, hc = true, it.floor, it.seq, it.floor, 0, 0, 0, 0
-    life = 0
-    if ttl > 0 then life = ttl + margin end
-    writeAll(candidates(it, floor))
-    save()
-    if ttl > 0 then rcall('PEXPIRE', key, num(ttl)) end
-  end
-
+  trim()
 end
+
+-- remove takes the posts (strings) from ARGV[first .. last] out of the inbox.
+function remove(first, last)
+  for k = t, h do
+    local gone = 0
+    for c = first, last, 1000 do
+      gone = gone + rcall('ZREM', seg(k), unpack(ARGV, c, math.min(c + 999, last)))
+    end
+    if k == h then
+      if hc then hc = hc - gone end
+    else
+      r = r - gone
+    end
+  end
+  tailUp()
+end
+
+-- raise lifts the floor to f, dropping the posts below it.
+function raise(f)
+  if f <= floor then return end
+  for k = t, h do
+    local gone = rcall('ZREMRANGEBYSCORE', seg(k), '(' .. score(f), '+inf')
+    if k == h then
+      if hc then hc = hc - gone end
+    else
+      r = r - gone
+    end
+    if rcall('EXISTS', seg(k)) == 1 then break end
+  end
+  floor = f
+  b = math.max(b, f)
+  tailUp()
+end
+
+-- candidates are the item's posts (numbers) >= min without repeats; given a
+-- table of posts, those.
+function candidates(it, min, src)
+  local out, seen = {}, {}
+  local lo, hi = 1, 0
+  if src then hi = #src else lo, hi = it.first, it.last end
+  for j = lo, hi do
+    local p
+    if src then p = src[j] else p = ARGV[j] + 0 end
+    if p >= min and not seen[p] then
+      seen[p] = true
+      out[#out + 1] = p
+    end
+  end
+  return out
+end
+
+-- reconcile makes the inbox exactly the item's posts above the higher of its
+-- floor and the item's, and counts what it had to change: entries above that
+-- floor that should not be there (unless allowed: a big account's older posts,
+-- which reads merge anyway), entries missing, and the entries beyond the cap of
+-- those that remain. Entries below the floor are dropped uncounted when the
+-- inbox is within its cap: the planner cannot vouch for them, but they are not
+-- wrong.
+function reconcile(it)
+  local f = math.max(floor, it.floor)
+  local want, allowed, repairs = {}, {}, 0
+  for j = it.first, it.last do
+    local p = ARGV[j] + 0
+    if p >= f then want[p] = true end
+  end
+  for j = it.afirst, it.alast do allowed[tonumber(ARGV[j])] = true end
+  local have, kept, present = readAll(), {}, {}
+  for _, p in ipairs(have) do
+    present[p] = true
+    if p >= f and not want[p] and not allowed[p] then
+      repairs = repairs + 1
+    else
+      kept[#kept + 1] = p
+    end
+  end
+  if #kept > cap then repairs = repairs + #kept - cap end
+  for p in pairs(want) do
+    if not present[p] then repairs = repairs + 1 end
+  end
+  floor = math.max(floor, f)
+  for p in pairs(want) do kept[#kept + 1] = p end
+  writeAll(kept)
+  return repairs
+end
+
+-- load reads the meta of the inbox. An inbox of the unsegmented layout is
+-- deleted: it does not exist.
+function load()
+  exists, floor, seq, b, hc, life, dirty = false, 0, 0, 0, nil, nil, false
+  was = {}
+  local sc = rcall('ZMSCORE', key, 'f', 's', 'b')
+  if not sc[1] then return end
+  local lay = layout()
+  if not parse(lay) then
+    rcall('DEL', key)
+    return
+  end
+  exists = true
+  floor = -sc[1] - 1
+  seq = -sc[2] - 1
+  b = -sc[3] - 1
+  was = {f = floor, s = seq, b = b, lay = lay, small = h == 0}
+end
+
+-- save stores the meta's fields that changed.
+function save()
+  local args, n = {}, 0
+  local function put(name, v, sc)
+    if was[name] ~= v then
+      args[n + 1], args[n + 2] = num(sc), name
+      n = n + 2
+      was[name] = v
+    end
+  end
+  put('f', floor, -(floor + 1))
+  put('s', seq, -(seq + 1))
+  put('b', b, -(b + 1))
+  local gone = {}
+  local lay = layoutOf()
+  if lay ~= was.lay then
+    if was.lay then gone[#gone + 1] = was.lay end
+    args[n + 1], args[n + 2] = '0', lay
+    n = n + 2
+    was.lay = lay
+  end
+  local small = h == 0
+  if small ~= (was.small or false) then
+    if small then
+      args[n + 1], args[n + 2] = MARK, 'm'
+      n = n + 2
+    else
+      gone[#gone + 1] = 'm'
+    end
+    was.small = small
+  end
+  if #gone > 0 then rcall('ZREM', key, unpack(gone)) end
+  if n > 0 then rcall('ZADD', key, unpack(args, 1, n)) end
+  dirty = false
+end
+
+-- materialise creates the inbox from the item's posts.
+function materialise(it)
+  local now = rcall('TIME')
+  setGen(now[1] .. format('%06d', tonumber(now[2])))
+  exists, floor, seq, b, h, t, r, hc = true, it.floor, it.seq, it.floor, 0, 0, 0, 0
+  life = 0
+  if ttl > 0 then life = ttl + margin end
+  writeAll(candidates(it, floor))
+  save()
+  if ttl > 0 then rcall('PEXPIRE', key, num(ttl)) end
+end
+
 
 -- lone applies a lone push to the inbox key in as few commands as it takes.
 -- It returns whether the push was applied.
@@ -633,7 +638,6 @@ local function lone(it)
     end
   end
   if rcall('ZADD', key, 'XX', 'LT', 'CH', it.s, 's') == 0 then return false end
-  build()
   -- The count above, with "s" as it is now: it was under the post only if
   -- its seq was above the post's id, which the item's then is too.
   local under = u
@@ -700,86 +704,106 @@ local function lone(it)
   return true
 end
 
-local applied, repaired = 0, 0
+-- apply is the function the library registers: keys and args are the
+-- call's KEYS and ARGV.
+local function apply(keys, args)
+  KEYS, ARGV, rcall, format = keys, args, redis.call, string.format
+  cap = tonumber(ARGV[1])
+  ttl = tonumber(ARGV[2])
+  S = math.min(tonumber(ARGV[3]), cap)
+  L = math.min(2 * S, cap)
+  scores, members = {}, {}
+  -- Nothing of the last call's inbox is kept: a call that raised an error
+  -- stopped anywhere.
+  key, exists, floor, seq, b, gen, h, t, r, was, segp, hc, life, dirty =
+    nil, false, 0, 0, 0, nil, 0, 0, 0, {}, nil, nil, nil, false
+  local lists, i = readLists()
+  -- With more than one list, ARGV[i + r - 1] is the list of KEYS[r].
+  local shared = #lists == 1 and lists[1]
+  local applied, repaired = 0, 0
 
-for q = 1, #KEYS do
-  key = KEYS[q]
-  local list = shared or lists[tonumber(ARGV[i + q - 1])]
-  if list.push then
-    if lone(list.push) then applied = applied + 1 end
-  else
-    build()
-    load()
-    local k = 1
-    while k <= #list do
-      local it = list[k]
-      local op = it.op
-      if op == 6 then
-        -- At the planner's position, which the inbox may already have reached.
-        if exists and it.seq >= seq then
-          repaired = repaired + reconcile(it)
+  for q = 1, #KEYS do
+    key = KEYS[q]
+    local list = shared or lists[tonumber(ARGV[i + q - 1])]
+    if list.push then
+      if lone(list.push) then applied = applied + 1 end
+    else
+      load()
+      local k = 1
+      while k <= #list do
+        local it = list[k]
+        local op = it.op
+        if op == 6 then
+          -- At the planner's position, which the inbox may already have reached.
+          if exists and it.seq >= seq then
+            repaired = repaired + reconcile(it)
+            seq = it.seq
+            applied, dirty = applied + 1, true
+          end
+        elseif op == 5 then
+          if not exists then
+            materialise(it)
+            applied = applied + 1
+          end
+        elseif op < 1 or op > 7 then
+          if dirty then save() end
+          return redis.error_reply('ERR feed apply: unknown op ' .. num(op))
+        elseif (op == 1 or op == 7) and exists then
+          -- A run of pushes (what a recipient gets from a batch of posts under
+          -- load) is put at once. The result is the pushes' one by one:
+          -- addPosts keeps the cap newest of the inbox and the posts, whatever
+          -- their order, and a post that a push before it would have put below
+          -- the floor is among the oldest, so it goes too. Each push is still
+          -- skipped unless it is newer than the last item applied.
+          local run = {}
+          while list[k] and (list[k].op == 1 or list[k].op == 7) do
+            local p = list[k]
+            if p.op == 7 then
+              for j = p.first, p.last, 2 do
+                local s = ARGV[j] + 0
+                if s > seq then
+                  local post = ARGV[j + 1]
+                  local n = post + 0
+                  members[n] = post -- as sent: no need to format it again
+                  run[#run + 1] = n
+                  seq = s
+                  applied, dirty = applied + 1, true
+                end
+              end
+            elseif p.seq > seq then
+              if p.p then
+                run[#run + 1] = p.p
+              else
+                for j = p.first, p.last do run[#run + 1] = ARGV[j] + 0 end
+              end
+              seq = p.seq
+              applied, dirty = applied + 1, true
+            end
+            k = k + 1
+          end
+          addPosts(candidates(nil, floor, run))
+          k = k - 1
+        elseif exists and it.seq > seq then
+          if op == 2 then
+            remove(it.first, it.last)
+          elseif op == 3 then
+            raise(math.max(floor, it.floor))
+            addPosts(candidates(it, floor))
+          elseif op == 4 then
+            remove(it.first, it.last)
+            raise(math.max(floor, it.floor))
+          end
           seq = it.seq
           applied, dirty = applied + 1, true
         end
-      elseif op == 5 then
-        if not exists then
-          materialise(it)
-          applied = applied + 1
-        end
-      elseif op < 1 or op > 7 then
-        if dirty then save() end
-        return redis.error_reply('ERR feed apply: unknown op ' .. num(op))
-      elseif (op == 1 or op == 7) and exists then
-        -- A run of pushes (what a recipient gets from a batch of posts under
-        -- load) is put at once. The result is the pushes' one by one:
-        -- addPosts keeps the cap newest of the inbox and the posts, whatever
-        -- their order, and a post that a push before it would have put below
-        -- the floor is among the oldest, so it goes too. Each push is still
-        -- skipped unless it is newer than the last item applied.
-        local run = {}
-        while list[k] and (list[k].op == 1 or list[k].op == 7) do
-          local p = list[k]
-          if p.op == 7 then
-            for j = p.first, p.last, 2 do
-              local s = ARGV[j] + 0
-              if s > seq then
-                local post = ARGV[j + 1]
-                local n = post + 0
-                members[n] = post -- as sent: no need to format it again
-                run[#run + 1] = n
-                seq = s
-                applied, dirty = applied + 1, true
-              end
-            end
-          elseif p.seq > seq then
-            if p.p then
-              run[#run + 1] = p.p
-            else
-              for j = p.first, p.last do run[#run + 1] = ARGV[j] + 0 end
-            end
-            seq = p.seq
-            applied, dirty = applied + 1, true
-          end
-          k = k + 1
-        end
-        addPosts(candidates(nil, floor, run))
-        k = k - 1
-      elseif exists and it.seq > seq then
-        if op == 2 then
-          remove(it.first, it.last)
-        elseif op == 3 then
-          raise(math.max(floor, it.floor))
-          addPosts(candidates(it, floor))
-        elseif op == 4 then
-          remove(it.first, it.last)
-          raise(math.max(floor, it.floor))
-        end
-        seq = it.seq
-        applied, dirty = applied + 1, true
+        k = k + 1
       end
-      k = k + 1
+      if dirty then save() end
     end
-    if dirty then save() end
   end
+  -- Nothing of this call is kept until the next.
+  KEYS, ARGV, scores, members, was = nil, nil, nil, nil, nil
+  return {applied, repaired}
 end
-return {applied, repaired}
+
+redis.register_function(NAME, apply)

@@ -17,39 +17,45 @@
 -- untracked (see PageCache). Every change apply.lua makes to an inbox changes
 -- its meta, which this reads: a reader tracking the meta hears of them all.
 
-local rcall, KEYS, ARGV = redis.call, KEYS, ARGV
-local key = KEYS[1]
-local ttl = ARGV[3]
+-- A function of a library of its own, as apply.lua is (see there), NAME.
 
-if ttl ~= '0' and rcall('PEXPIRE', key, ttl) == 0 then return false end
-local sc = rcall('ZMSCORE', key, 'f', 's')
-if not sc[1] then return false end
-local lay = rcall('ZRANGEBYSCORE', key, '0', '0')[1]
-if not lay then return false end
-local g, hs, ts = string.match(lay, '^(%d+):(%d+)/%d+/(%d+)$')
-if not g then return false end
-local segp = key .. ':' .. g .. ':'
-local h, t = tonumber(hs), tonumber(ts)
+local function page(KEYS, ARGV)
+  local rcall = redis.call
+  local key = KEYS[1]
+  local ttl = ARGV[3]
 
-if ttl ~= '0' then
-  -- Segments live a second longer than the meta (apply.lua).
-  local life = string.format('%d', tonumber(ttl) + 1000)
-  for k = math.max(t, 1), h do rcall('PEXPIRE', segp .. k, life) end
-end
+  if ttl ~= '0' and rcall('PEXPIRE', key, ttl) == 0 then return false end
+  local sc = rcall('ZMSCORE', key, 'f', 's')
+  if not sc[1] then return false end
+  local lay = rcall('ZRANGEBYSCORE', key, '0', '0')[1]
+  if not lay then return false end
+  local g, hs, ts = string.match(lay, '^(%d+):(%d+)/%d+/(%d+)$')
+  if not g then return false end
+  local segp = key .. ':' .. g .. ':'
+  local h, t = tonumber(hs), tonumber(ts)
 
-local out, n = {sc[1], sc[2]}, tonumber(ARGV[2])
-for k = h, t, -1 do
-  if n <= 0 then break end
-  local ms
-  if k == 0 then
-    -- A small inbox's posts are in the meta, scored above its layout's 0.
-    local from = ARGV[1]
-    if from == '0' then from = '(0' end
-    ms = rcall('ZRANGEBYSCORE', key, from, '+inf', 'LIMIT', '0', n)
-  else
-    ms = rcall('ZRANGEBYSCORE', segp .. k, ARGV[1], '+inf', 'LIMIT', '0', n)
+  if ttl ~= '0' then
+    -- Segments live a second longer than the meta (apply.lua).
+    local life = string.format('%d', tonumber(ttl) + 1000)
+    for k = math.max(t, 1), h do rcall('PEXPIRE', segp .. k, life) end
   end
-  for j = 1, #ms do out[#out + 1] = ms[j] end
-  n = n - #ms
+
+  local out, n = {sc[1], sc[2]}, tonumber(ARGV[2])
+  for k = h, t, -1 do
+    if n <= 0 then break end
+    local ms
+    if k == 0 then
+      -- A small inbox's posts are in the meta, scored above its layout's 0.
+      local from = ARGV[1]
+      if from == '0' then from = '(0' end
+      ms = rcall('ZRANGEBYSCORE', key, from, '+inf', 'LIMIT', '0', n)
+    else
+      ms = rcall('ZRANGEBYSCORE', segp .. k, ARGV[1], '+inf', 'LIMIT', '0', n)
+    end
+    for j = 1, #ms do out[#out + 1] = ms[j] end
+    n = n - #ms
+  end
+  return out
 end
-return out
+
+redis.register_function(NAME, page)
