@@ -295,7 +295,7 @@ func newRebuilder(ctx context.Context, cfg config, log *events.Log, databaseURL 
 		feeds: feeds.NewStore(rdb, feeds.Config{
 			InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
 		}),
-		planner: feeds.PlannerConfig{Partitions: cfg.Partitions},
+		planner: feeds.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions},
 		runs:    map[string]*feedhttp.RebuildStatus{},
 	}
 }

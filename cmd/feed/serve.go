@@ -339,7 +339,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		appliers *feeds.Applier
 	)
 	if slices.Contains(cfg.Roles, rolePlanner) || slices.Contains(cfg.Roles, roleAppliers) {
-		planner = feeds.NewPlanner(feedStore, in.js, feeds.PlannerConfig{Partitions: cfg.Partitions}, projMetrics)
+		planner = feeds.NewPlanner(feedStore, in.js, feeds.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions}, projMetrics)
 		if err := planner.EnsureStream(ctx); err != nil {
 			return err
 		}

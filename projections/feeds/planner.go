@@ -55,6 +55,19 @@ type PlannerConfig struct {
 	// so fewer larger messages spare the disk; an applier still applies a
 	// message in script calls of bounded size (stCallArgs).
 	ItemsPerMessage int
+	// PendingWork, if above 0, is how many fan-out messages may wait for the
+	// appliers before the planner plans more: after publishing a batch's work
+	// it waits until no more than that are left. While the appliers keep up
+	// it never waits. When they fall behind, the events that arrive while it
+	// waits make its next batch larger, and a larger batch gives each
+	// recipient a longer run of pushes a message, which Redis applies for a
+	// fraction of a run of one or two's cost a push (apply.lua reads and
+	// writes an inbox's meta once a run): so the appliers catch up instead of
+	// falling further behind, and the work waiting stays bounded. Without it,
+	// a planner a step ahead of busy appliers cut the work into the shortest
+	// runs when they were the dearest. 0 (the zero value, for tests that
+	// run a planner without appliers) never waits.
+	PendingWork int
 
 	// version pins a rebuild's planner to its keyspace version and fanout to
 	// its own stream; the live planner (version 0) follows the version in use.
@@ -102,6 +115,8 @@ type Planner struct {
 	// beforePlan, when set (by tests), runs between a batch's first round
 	// trip and its plan's.
 	beforePlan func()
+	// fanout is the fan-out stream, once looked up (for PendingWork).
+	fanout jetstream.Stream
 }
 
 // OnMaterialise makes the planner tell f of the users whose inboxes it
@@ -264,6 +279,45 @@ func (w *work) add(it Item, partitions int) {
 // outboxes are idempotent and its work is guarded by sequence at the inboxes, so
 // a batch applied again after a crash changes nothing twice.
 func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
+	if err := p.apply(ctx, batch); err != nil {
+		return err
+	}
+	p.awaitAppliers(ctx)
+	return nil
+}
+
+// awaitAppliers waits until at most PendingWork fan-out messages are left
+// for the appliers (see PendingWork), without the planner's lock, so that
+// warm-ups go on meanwhile. A failure to look is ignored: the batch is
+// applied, and the next one's publish meets the same trouble.
+func (p *Planner) awaitAppliers(ctx context.Context) {
+	if p.cfg.PendingWork <= 0 {
+		return
+	}
+	if p.fanout == nil {
+		s, err := p.js.Stream(ctx, p.cfg.fanout.Stream)
+		if err != nil {
+			return
+		}
+		p.fanout = s
+	}
+	pause := time.Millisecond
+	for {
+		info, err := p.fanout.Info(ctx)
+		if err != nil || info.State.Msgs <= uint64(p.cfg.PendingWork) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 16*time.Millisecond)
+	}
+}
+
+// apply is Apply but for the wait.
+func (p *Planner) apply(ctx context.Context, batch []events.Record) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// The planner's state and the graph facts of the whole batch in one round

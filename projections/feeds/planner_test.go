@@ -528,3 +528,60 @@ func appliersDelay(t *testing.T, reg *prometheus.Registry) *dto.Histogram {
 	require.Fail(t, "no delay histogram for the appliers")
 	return nil
 }
+
+// TestPlannerWaitsForTheAppliers: with PendingWork, the planner returns from
+// a batch only once no more than that many fan-out messages wait for the
+// appliers, so that its next batch takes in what arrived meanwhile; without
+// it, it never waits.
+func TestPlannerWaitsForTheAppliers(t *testing.T) {
+	t.Parallel()
+	rig := newPlannerRigOn(t, feeds.Config{}, localstack.NATSConfig{}, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 1, PendingWork: 2})
+	ctx := t.Context()
+	p := rig.planner(t)
+	// Four followers, a work message each (one item a message).
+	var log []events.Record
+	for f := range domain.UserID(4) {
+		log = append(log, events.Record{Seq: uint64(len(log) + 1), Event: events.UserFollowed{FollowerID: 10 + f, FolloweeID: 100}})
+	}
+	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	require.NoError(t, err)
+	pending := func() uint64 {
+		info, err := stream.Info(ctx)
+		require.NoError(t, err)
+		return info.State.Msgs
+	}
+
+	// Given no applier running, the batch's work stays
+	done := make(chan error, 1)
+	go func() { done <- p.Apply(ctx, log) }()
+	require.Eventually(t, func() bool { return pending() == 4 }, 10*time.Second, time.Millisecond)
+	select {
+	case err := <-done:
+		require.Failf(t, "the planner did not wait", "Apply returned %v with 4 messages pending", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+
+	// When the appliers run, it returns once they have left at most two.
+	a := feeds.NewApplier(rig.store, rig.js, []int{0, 1, 2}, nil, slog.New(slog.DiscardHandler))
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = a.Run(runCtx) }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		require.Fail(t, "the planner still waits with the appliers running")
+	}
+	assert.LessOrEqual(t, pending(), uint64(2))
+
+	// And a planner without PendingWork does not wait for work nobody applies.
+	stop()
+	rig.pcfg.PendingWork = 0
+	q := rig.planner(t)
+	more := []events.Record{}
+	for f := range domain.UserID(4) {
+		more = append(more, events.Record{Seq: uint64(len(log) + len(more) + 1), Event: events.UserFollowed{FollowerID: 20 + f, FolloweeID: 100}})
+	}
+	require.NoError(t, q.Apply(ctx, more))
+	assert.GreaterOrEqual(t, pending(), uint64(4))
+}

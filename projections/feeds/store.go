@@ -257,12 +257,17 @@ func stCheckItem(it Item) error {
 	return nil
 }
 
-// stCallArgs bounds the arguments of an apply script call that carries
-// several recipients. A fan-out message's pushes take one call, which is what
-// makes them cheap; a call carries at most about two whole-outbox merges or
-// materialisations (some 500 posts each), so that no call keeps Redis from its
-// other clients for more than a few milliseconds.
-const stCallArgs = 1024
+// stCallArgs bounds the arguments of an apply call that carries several
+// recipients, and of a round trip of calls. A post's pushes to hundreds of
+// followers share a call, which is what makes them cheap; a call carries at
+// most about one whole-outbox merge or materialisation (some 500 posts each),
+// and a round trip one call on a single Redis, so that an applier keeps Redis
+// from its other clients (the planner, readers, the other appliers) for about
+// a millisecond at a time. Redis runs every command a client's read brought
+// (16 KiB) before it turns to the next client: pipelining all of a message's
+// calls put some 10 ms of an applier's work ahead of each of the planner's
+// round trips under the bench's load, and the planner makes four a batch.
+const stCallArgs = 512
 
 // stApplyCall is one run of the apply script: the items of its recipients,
 // one inbox key each, as lists of items that recipients with the same items
@@ -337,7 +342,8 @@ func (c *stApplyCall) String() string {
 // in one script run, so that no item can take effect after a later one of the
 // same recipient failed. On a single Redis one script run carries many
 // recipients (see stCallArgs); on a Cluster, which refuses keys of different
-// slots in one run, or a Ring, it carries one. The runs are pipelined. Invalid
+// slots in one run, or a Ring, it carries one. The runs are sent in rounds of
+// about stCallArgs arguments, one round trip each (see stCallArgs). Invalid
 // items fail the whole call before anything is written. On an error some
 // recipients may have been updated; applying the same items again is safe.
 func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err error) {
@@ -350,7 +356,25 @@ func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err 
 		}
 	}
 	calls := s.stPack(items)
+	for len(calls) > 0 {
+		k, size := 1, calls[0].size()
+		for k < len(calls) && size+calls[k].size() <= stCallArgs {
+			size += calls[k].size()
+			k++
+		}
+		n, err := s.stRunRound(ctx, calls[:k])
+		applied += n
+		if err != nil {
+			return applied, err
+		}
+		calls = calls[k:]
+	}
+	return applied, nil
+}
 
+// stRunRound runs calls in one round trip, and again those Redis refused for
+// want of the function, once it is loaded.
+func (s *Store) stRunRound(ctx context.Context, calls []*stApplyCall) (applied int, err error) {
 	n, retry, err := s.stRunApply(ctx, calls)
 	applied += n
 	if err == nil && len(retry) > 0 {

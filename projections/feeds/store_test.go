@@ -1266,3 +1266,63 @@ func TestConfigDefaults(t *testing.T) {
 	assert.Equal(t, "materialise", feeds.OpMaterialise.String())
 	assert.Equal(t, "op("+strconv.Itoa(9)+")", feeds.Op(9).String())
 }
+
+// callsPerTrip records how many commands each of a client's round trips
+// carried.
+type callsPerTrip struct{ trips []int }
+
+func (h *callsPerTrip) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *callsPerTrip) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.trips = append(h.trips, 1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *callsPerTrip) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.trips = append(h.trips, len(cmds))
+		return next(ctx, cmds)
+	}
+}
+
+// TestApplyItemsSendsACallATrip: the calls of a large ApplyItems go one a
+// round trip, so that Redis turns to its other clients between them (see
+// stCallArgs), and all of them apply.
+func TestApplyItemsSendsACallATrip(t *testing.T) {
+	t.Parallel()
+	s, rdb := newStore(t, feeds.Config{})
+	ctx := t.Context()
+	const users = 300
+	var items []feeds.Item
+	for u := domain.UserID(1); u <= users; u++ {
+		items = append(items, feeds.Item{Recipient: u, Seq: 1, Op: feeds.OpMaterialise, Posts: ids(10)})
+	}
+	_, err := s.ApplyItems(ctx, items)
+	require.NoError(t, err)
+
+	// A run of three pushes each: some 3 300 arguments in all.
+	items = items[:0]
+	for u := domain.UserID(1); u <= users; u++ {
+		for k := range 3 {
+			items = append(items, feeds.Item{Recipient: u, Seq: uint64(2 + k), Op: feeds.OpPush, Posts: ids(domain.PostID(20 + k))})
+		}
+	}
+	h := &callsPerTrip{}
+	rdb.AddHook(h)
+	applied, err := s.ApplyItems(ctx, items)
+	require.NoError(t, err)
+	assert.Equal(t, len(items), applied)
+	assert.Greater(t, len(h.trips), 4, "round trips")
+	for i, n := range h.trips {
+		assert.Equal(t, 1, n, "round trip %d", i)
+	}
+	for u := domain.UserID(1); u <= users; u++ {
+		posts, _, seq, ok, err := s.Inbox(ctx, u)
+		require.NoError(t, err)
+		require.True(t, ok)
+		assert.Equal(t, ids(22, 21, 20, 10), posts, "user %d", u)
+		assert.Equal(t, uint64(4), seq, "user %d", u)
+	}
+}
