@@ -565,7 +565,8 @@ func TestPlannerWaitsForTheAppliers(t *testing.T) {
 	a := feeds.NewApplier(rig.store, rig.js, []int{0, 1, 2}, nil, slog.New(slog.DiscardHandler))
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	go func() { _ = a.Run(runCtx) }()
+	ran := make(chan error, 1)
+	go func() { ran <- a.Run(runCtx) }()
 	select {
 	case err := <-done:
 		require.NoError(t, err)
@@ -576,6 +577,7 @@ func TestPlannerWaitsForTheAppliers(t *testing.T) {
 
 	// And a planner without PendingWork does not wait for work nobody applies.
 	stop()
+	require.NoError(t, <-ran)
 	rig.pcfg.PendingWork = 0
 	q := rig.planner(t)
 	more := []events.Record{}
