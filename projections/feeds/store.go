@@ -449,8 +449,8 @@ func (s *Store) stPack(items []Item) []*stApplyCall {
 }
 
 // stOpPushes is the script's op for a run of pushes of one post each, sent
-// as one item: 7, the last push's seq, 0, 2k, then each push's seq and post
-// (see apply.lua). A run is what a recipient gets from a batch of posts
+// as one item: 7, the last push's seq, 0, 2k, then each push's seq and post,
+// the seqs rising (see apply.lua). A run is what a recipient gets from a batch of posts
 // under load; as one item it costs the script no table and three arguments
 // fewer a push.
 const stOpPushes = 7
@@ -464,7 +464,9 @@ func (s *Store) stAppendList(args []any, items []Item) []any {
 	n := 0
 	for j := 0; j < len(items); n++ {
 		e := j
-		for e < len(items) && items[e].Op == OpPush && len(items[e].Posts) == 1 {
+		// A run's sequences rise, which apply.lua relies on: the planner's
+		// items of a recipient always do.
+		for e < len(items) && items[e].Op == OpPush && len(items[e].Posts) == 1 && (e == j || items[e].Seq > items[e-1].Seq) {
 			e++
 		}
 		if e-j < 2 {

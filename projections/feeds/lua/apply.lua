@@ -21,7 +21,7 @@
 --            6 reconcile, which is followed by a, allowed_1 .. allowed_a;
 --            7 pushes, a run of pushes of one post each: its seq the last
 --            one's, its floor unused, and its n "posts" each push's seq
---            and post in turn
+--            and post in turn, the seqs rising
 -- then       if l > 1, for each key in turn the number (1..l) of its list
 --
 -- One call carries many recipients, and recipients with the same items (the
@@ -202,6 +202,10 @@ local hc             -- the head's posts, or nil when not known
 local life           -- a new segment's TTL in ms (0: none), or nil when not known
 local dirty          -- whether an item was applied since the last save
 
+-- Tables the general way fills anew for each inbox, made once: only their
+-- first entries, as many as the use at hand fills, are read.
+local addArgs, saveArgs, saveGone = {}, {}, {}
+
 -- The general way: declared first, as they call each other.
 local seg, postsOf, setGen, parse, layout, layoutOf, headCount, expireKey, expire, tailUp, oldest, add, readAll, writeAll, trim, addPosts, remove, raise, candidates, reconcile, load, save, materialise
 
@@ -289,7 +293,7 @@ end
 -- many were not there.
 function add(k, ps, from, to)
   if from > to then return 0 end
-  local args, n = {}, 0
+  local args, n = addArgs, 0
   for j = from, to do
     args[n + 1], args[n + 2] = score(ps[j]), member(ps[j])
     n = n + 2
@@ -552,21 +556,28 @@ end
 
 -- save stores the meta's fields that changed.
 function save()
-  local args, n = {}, 0
-  local function put(name, v, sc)
-    if was[name] ~= v then
-      args[n + 1], args[n + 2] = num(sc), name
-      n = n + 2
-      was[name] = v
-    end
+  local args, n, gone, g = saveArgs, 0, saveGone, 0
+  if was.f ~= floor then
+    args[n + 1], args[n + 2] = num(-(floor + 1)), 'f'
+    n = n + 2
+    was.f = floor
   end
-  put('f', floor, -(floor + 1))
-  put('s', seq, -(seq + 1))
-  put('b', b, -(b + 1))
-  local gone = {}
+  if was.s ~= seq then
+    args[n + 1], args[n + 2] = num(-(seq + 1)), 's'
+    n = n + 2
+    was.s = seq
+  end
+  if was.b ~= b then
+    args[n + 1], args[n + 2] = num(-(b + 1)), 'b'
+    n = n + 2
+    was.b = b
+  end
   local lay = layoutOf()
   if lay ~= was.lay then
-    if was.lay then gone[#gone + 1] = was.lay end
+    if was.lay then
+      g = g + 1
+      gone[g] = was.lay
+    end
     args[n + 1], args[n + 2] = '0', lay
     n = n + 2
     was.lay = lay
@@ -577,11 +588,12 @@ function save()
       args[n + 1], args[n + 2] = MARK, 'm'
       n = n + 2
     else
-      gone[#gone + 1] = 'm'
+      g = g + 1
+      gone[g] = 'm'
     end
     was.small = small
   end
-  if #gone > 0 then rcall('ZREM', key, unpack(gone)) end
+  if g > 0 then rcall('ZREM', key, unpack(gone, 1, g)) end
   if n > 0 then rcall('ZADD', key, unpack(args, 1, n)) end
   dirty = false
 end
@@ -758,7 +770,18 @@ local function apply(keys, args)
           local run = {}
           while list[k] and (list[k].op == 1 or list[k].op == 7) do
             local p = list[k]
-            if p.op == 7 then
+            if p.op == 7 and ARGV[p.first] + 0 > seq then
+              -- All of it is new (its sequences rise): no push's sequence
+              -- but the last need be read.
+              for j = p.first + 1, p.last, 2 do
+                local post = ARGV[j]
+                local n = post + 0
+                members[n] = post -- as sent: no need to format it again
+                run[#run + 1] = n
+              end
+              seq = p.seq
+              applied, dirty = applied + (p.last - p.first + 1) / 2, true
+            elseif p.op == 7 then
               for j = p.first, p.last, 2 do
                 local s = ARGV[j] + 0
                 if s > seq then
