@@ -1326,3 +1326,113 @@ func TestApplyItemsSendsACallATrip(t *testing.T) {
 		assert.Equal(t, uint64(4), seq, "user %d", u)
 	}
 }
+
+// TestApplyItemsRunsAgainstModel: a recipient's run of pushes alone in a call
+// (what it gets from a batch of posts under load) takes a path of its own in
+// the apply function. Random runs, with rising sequences as the planner sends
+// them, into an inbox of every state they meet — small, segmented with room,
+// full, its head about to overflow, its tail about to empty — of posts mostly
+// newer than the inbox's, now and then older or one it has, with ids below
+// the sequences and far above them, calls sent again (the last, or an older
+// one after what came since, as a planner's rewind sends them), and now and
+// then a removal or a merge between them; after each call the inbox is its
+// model's.
+func TestApplyItemsRunsAgainstModel(t *testing.T) {
+	t.Parallel()
+	for _, base := range []int64{0, bigIDs} {
+		for _, size := range []int{3, 4, 8} {
+			t.Run(fmt.Sprintf("segments of %d, ids from %d", size, base), func(t *testing.T) {
+				t.Parallel()
+				const limit = 10
+				s, rdb := newStore(t, feeds.Config{InboxCap: limit, SegmentSize: size})
+				ctx := t.Context()
+				require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+5)).Err())
+				seed := rand.Uint64()
+				t.Logf("seed %d", seed)
+				rng := rand.New(rand.NewPCG(seed, 0))
+				var model inboxModel
+				seq, newest := uint64(0), base+100
+				post := func() domain.PostID {
+					switch rng.IntN(12) {
+					case 0:
+						return domain.PostID(base + 1 + rng.Int64N(newest-base)) // older
+					case 1:
+						return domain.PostID(newest - rng.Int64N(4)) // maybe one it has
+					}
+					newest += 1 + rng.Int64N(3)
+					return domain.PostID(newest)
+				}
+				var sent [][]feeds.Item
+				for round := range 600 {
+					var items []feeds.Item
+					switch {
+					case !model.exists || rng.IntN(60) == 0:
+						seq++
+						items = []feeds.Item{materialise(seq, base, post(), post(), post())}
+					case rng.IntN(8) == 0 && len(sent) > 0:
+						items = sent[len(sent)-1] // sent again
+					case rng.IntN(6) == 0 && len(sent) > 0:
+						items = sent[rng.IntN(len(sent))] // sent again, later
+					case rng.IntN(10) == 0:
+						seq++
+						items = []feeds.Item{remove(seq, domain.PostID(newest-rng.Int64N(12)))} // maybe a recent one
+					case rng.IntN(12) == 0:
+						seq++
+						items = []feeds.Item{merge(seq, base, post(), post())}
+					default:
+						for range 2 + rng.IntN(3) {
+							seq++
+							items = append(items, push(seq, post()))
+						}
+					}
+					if rng.IntN(80) == 0 {
+						require.NoError(t, rdb.Del(ctx, "feed:v1:{1}:ix").Err()) // it expired
+						model = inboxModel{}
+					}
+					for _, it := range items {
+						model.apply(it, limit)
+					}
+					_, err := s.ApplyItems(ctx, items)
+					require.NoError(t, err)
+					require.Equal(t, model.state(), readInbox(t, s, alice), "round %d: %v", round, items)
+					checkSegments(t, rdb, alice, size, limit, "round %d: %v", round, items)
+					sent = append(sent, items)
+				}
+			})
+		}
+	}
+}
+
+// TestApplyItemsRunSentAgainAfterARemoval: a run of pushes applied, one of
+// its posts removed, and the run sent again (as a planner's rewind sends its
+// work again): the run was applied before, so nothing comes back. Its path
+// (apply.lua's run) must see that from the inbox's sequence, not from its
+// posts, which are in the inbox but for the one removed.
+func TestApplyItemsRunSentAgainAfterARemoval(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, feeds.Config{InboxCap: 10, SegmentSize: 8})
+	ctx := t.Context()
+	var old []domain.PostID
+	for p := range domain.PostID(10) {
+		old = append(old, big(10+p))
+	}
+	// Segments of 8 and 2, the head the 2 newest: a run of two fills it and
+	// takes two from the tail.
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, old...)})
+	require.NoError(t, err)
+	run := []feeds.Item{push(2, big(50)), push(3, big(51))}
+	applied, err := s.ApplyItems(ctx, run)
+	require.NoError(t, err)
+	require.Equal(t, 2, applied)
+	_, err = s.ApplyItems(ctx, []feeds.Item{remove(4, big(50))})
+	require.NoError(t, err)
+
+	applied, err = s.ApplyItems(ctx, run)
+	require.NoError(t, err)
+	assert.Zero(t, applied)
+	want := ids(big(51))
+	for p := domain.PostID(19); p >= 12; p-- {
+		want = append(want, big(p))
+	}
+	assert.Equal(t, inboxState{want, int64(big(12)), 4, true}, readInbox(t, s, alice))
+}

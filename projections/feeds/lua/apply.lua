@@ -172,6 +172,8 @@ local function readLists()
       if it.first == it.last then it.p = ARGV[it.first] + 0 end
       list[k] = it
     end
+    -- A run alone, what a recipient gets from a batch of posts.
+    if #list == 1 and list[1].op == 7 then list.run = list[1] end
     -- A lone push: what a post's fan-out gives each follower.
     if #list == 1 and list[1].op == 1 and list[1].p then
       list.push = list[1]
@@ -716,6 +718,76 @@ local function lone(it)
   return true
 end
 
+-- run applies a run of pushes, an op 7 item alone in its list (what a
+-- recipient gets from a batch of posts under load), the way lone applies
+-- one push: in the case that holds nearly always, a segmented inbox whose
+-- head takes every post, with room or with the tail's oldest going, in a
+-- few commands and no more Lua than they need. The general way costs a run
+-- some 200 000 Redis instructions more (loading and saving the meta as
+-- fields, the posts' tables), which made runs, not pushes, what Redis's
+-- thread spent itself on under load. It returns the number of pushes
+-- applied, or nil, having written nothing the general way would not write
+-- again, when that must take it.
+local function run(it)
+  -- Every push of the run is new: its sequences rise (stAppendList), and
+  -- the first is above the inbox's. (No "s": no inbox.)
+  local sc = rcall('ZSCORE', key, 's')
+  if not sc or ARGV[it.first] + 0 <= -sc - 1 then return nil end
+  -- Its lowest post, and where it goes (see lone): above "b", "f" and "s",
+  -- into the head of a segmented inbox, or the general way.
+  local k = (it.last - it.first + 1) / 2
+  local low
+  for j = it.first + 1, it.last, 2 do
+    local p = ARGV[j] + 0
+    if not low or p < low then low = p end
+  end
+  local under = 0
+  if -sc - 1 > low then under = 1 end -- "s", above the post's id
+  if rcall('ZCOUNT', key, '-inf', '(' .. num(-(low + 1))) ~= under then return nil end
+  -- A segmented inbox's meta has no posts: its layout is last.
+  local lay = rcall('ZRANGE', key, '-1', '-1')[1] or ''
+  local hs, rs, ts = string.match(lay, '^(%d+:%d+)/(%d+)/(%d+)$')
+  if not hs then return nil end
+  local head = key .. ':' .. hs
+  local n = rcall('ZCARD', head)
+  -- A head that is new or emptied needs its TTL; one without room, a new
+  -- head: the general way.
+  if n == 0 or n + k > S then return nil end
+  local args, m = addArgs, 0
+  for j = it.first + 1, it.last, 2 do
+    local post = ARGV[j]
+    args[m + 1], args[m + 2] = score(post + 0), post
+    m = m + 2
+  end
+  local r = tonumber(rs)
+  if r + n + k > cap then
+    -- Full: the tail's d oldest go, the floor rises to the oldest kept. Only
+    -- if the tail keeps one (the general way moves t), and t is below h.
+    local d = r + n + k - cap
+    local tail = string.match(hs, '^(%d+:)') .. ts
+    if tail == hs or d > r then return nil end
+    tail = key .. ':' .. tail
+    local oldest = rcall('ZRANGE', tail, -(d + 1), '-1')
+    if #oldest <= d then return nil end
+    -- Writes from here. A post already in the head (which the planner never
+    -- sends) leaves a place that the tail need not give: d is what was
+    -- added.
+    local added = rcall('ZADD', head, unpack(args, 1, m))
+    d = d - (k - added)
+    if d > 0 then
+      rcall('ZREMRANGEBYRANK', tail, -d, '-1')
+      local f = oldest[#oldest - d]
+      rcall('ZREM', key, lay)
+      rcall('ZADD', key, num(-(it.seq + 1)), 's', num(-(f + 1)), 'f', '0', hs .. '/' .. num(r - d) .. '/' .. ts)
+      return k
+    end
+  else
+    rcall('ZADD', head, unpack(args, 1, m))
+  end
+  rcall('ZADD', key, num(-(it.seq + 1)), 's')
+  return k
+end
+
 -- apply is the function the library registers: keys and args are the
 -- call's KEYS and ARGV.
 local function apply(keys, args)
@@ -737,9 +809,15 @@ local function apply(keys, args)
   for q = 1, #KEYS do
     key = KEYS[q]
     local list = shared or lists[tonumber(ARGV[i + q - 1])]
+    local done
     if list.push then
       if lone(list.push) then applied = applied + 1 end
-    else
+      done = true
+    elseif list.run then
+      done = run(list.run)
+      if done then applied = applied + done end
+    end
+    if not done then
       load()
       local k = 1
       while k <= #list do
