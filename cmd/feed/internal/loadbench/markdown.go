@@ -98,7 +98,7 @@ func (r *Report) mdFreshness(b *strings.Builder, s Summary) {
 	for _, f := range s.Fresh {
 		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s |\n", f.Authors, f.Samples, f.Missed, fmtDuration(f.P50), fmtDuration(f.P99), fmtDuration(f.Max))
 	}
-	b.WriteString("\n")
+	fmt.Fprintf(b, "\nThe poller read %.0f pages/s (its `GET /feed`s, on top of the workload's).\n\n", r.PollRate())
 }
 
 func mdFeed(b *strings.Builder, s Summary) {

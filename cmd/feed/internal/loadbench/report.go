@@ -82,6 +82,16 @@ type FreshSummary struct {
 	P50, P99, Max time.Duration
 }
 
+// PollRate is the freshness poller's reads a second in the mixed phase (of
+// both kinds of author).
+func (r *Report) PollRate() float64 {
+	if r.Mixed == nil || r.Config.Duration <= 0 {
+		return 0
+	}
+	st := r.Mixed.kinds[kindPoll]
+	return float64(st.ok.Load()+st.errs.Load()) / r.Config.Duration.Seconds()
+}
+
 // FeedSummary is GET /feed in one phase: the bench's view (every page it read,
 // next pages included) and the service's (pages by source).
 type FeedSummary struct {

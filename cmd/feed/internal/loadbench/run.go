@@ -67,7 +67,7 @@ func DefaultConfig() Config {
 		BigPostShare: 0.02, NextPageShare: 0.3, CachedReadRate: 5000,
 		Warmup: 10 * time.Second, Duration: 60 * time.Second, ReadDuration: 20 * time.Second,
 		RawDuration: 3 * time.Second, SetupTimeout: 5 * time.Minute, DrainTimeout: time.Minute,
-		FreshRate: 10, FreshFollowers: 2, FreshTimeout: 10 * time.Second,
+		FreshRate: 10, FreshFollowers: 1, FreshTimeout: 10 * time.Second,
 		SetupConcurrency: 512, MaxInFlight: 4096, ImageSide: 24, Seed: 1,
 	}
 }
