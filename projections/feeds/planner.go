@@ -56,10 +56,8 @@ type PlannerConfig struct {
 	// message in script calls of bounded size (stCallArgs).
 	ItemsPerMessage int
 	// PendingWork, if above 0, is how many fan-out messages may wait for the
-	// appliers before the planner publishes more: once a batch's changes to
-	// the graph and the outboxes are made (so a big account's post is in its
-	// followers' feeds without waiting), it waits until no more than that are
-	// left before it publishes the batch's work. While the appliers keep up
+	// appliers before the planner plans more: after publishing a batch's work
+	// it waits until no more than that are left. While the appliers keep up
 	// it never waits. When they fall behind, the events that arrive while it
 	// waits make its next batch larger, and a larger batch gives each
 	// recipient a longer run of pushes a message, which Redis applies for a
@@ -277,9 +275,21 @@ func (w *work) add(it Item, partitions int) {
 	w.n++
 }
 
+// Apply implements projections.Projector. Its effects on the graph and
+// outboxes are idempotent and its work is guarded by sequence at the inboxes, so
+// a batch applied again after a crash changes nothing twice.
+func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
+	if err := p.apply(ctx, batch); err != nil {
+		return err
+	}
+	p.awaitAppliers(ctx)
+	return nil
+}
+
 // awaitAppliers waits until at most PendingWork fan-out messages are left
-// for the appliers (see PendingWork). A failure to look is ignored: the
-// publish that follows meets the same trouble.
+// for the appliers (see PendingWork), without the planner's lock, so that
+// warm-ups go on meanwhile. A failure to look is ignored: the batch is
+// applied, and the next one's publish meets the same trouble.
 func (p *Planner) awaitAppliers(ctx context.Context) {
 	if p.cfg.PendingWork <= 0 {
 		return
@@ -306,10 +316,8 @@ func (p *Planner) awaitAppliers(ctx context.Context) {
 	}
 }
 
-// Apply implements projections.Projector. Its effects on the graph and
-// outboxes are idempotent and its work is guarded by sequence at the inboxes, so
-// a batch applied again after a crash changes nothing twice.
-func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
+// apply is Apply but for the wait.
+func (p *Planner) apply(ctx context.Context, batch []events.Record) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// The planner's state and the graph facts of the whole batch in one round
@@ -362,9 +370,6 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 		return err
 	}
 	w.occurred = oldestOccurrence(fresh)
-	// The graph and the outboxes have the batch (a big account's post is in
-	// its followers' feeds from now on); its work waits for the appliers.
-	p.awaitAppliers(ctx)
 	if err := p.publish(ctx, w, fresh[0].Seq, fresh[len(fresh)-1].Seq); err != nil {
 		return err
 	}
