@@ -732,17 +732,23 @@ local function run(it)
   -- Every push of the run is new: its sequences rise (stAppendList), and
   -- the first is above the inbox's. (No "s": no inbox.)
   local sc = rcall('ZSCORE', key, 's')
-  if not sc or ARGV[it.first] + 0 <= -sc - 1 then return nil end
-  -- Its lowest post, and where it goes (see lone): above "b", "f" and "s",
-  -- into the head of a segmented inbox, or the general way.
+  if not sc then return nil end
+  local last = -sc - 1 -- the inbox's seq
+  if ARGV[it.first] + 0 <= last then return nil end
+  -- Its posts as ZADD's arguments, each read once, and its lowest, which
+  -- tells where it goes (see lone): above "b", "f" and "s", into the head of
+  -- a segmented inbox, or the general way.
   local k = (it.last - it.first + 1) / 2
-  local low
+  local args, m, low = addArgs, 0, nil
   for j = it.first + 1, it.last, 2 do
-    local p = ARGV[j] + 0
+    local post = ARGV[j]
+    local p = post + 0
     if not low or p < low then low = p end
+    args[m + 1], args[m + 2] = score(p), post
+    m = m + 2
   end
   local under = 0
-  if -sc - 1 > low then under = 1 end -- "s", above the post's id
+  if last > low then under = 1 end -- "s", above the post's id
   if rcall('ZCOUNT', key, '-inf', '(' .. num(-(low + 1))) ~= under then return nil end
   -- A segmented inbox's meta has no posts: its layout is last.
   local lay = rcall('ZRANGE', key, '-1', '-1')[1] or ''
@@ -753,20 +759,14 @@ local function run(it)
   -- A head that is new or emptied needs its TTL; one without room, a new
   -- head: the general way.
   if n == 0 or n + k > S then return nil end
-  local args, m = addArgs, 0
-  for j = it.first + 1, it.last, 2 do
-    local post = ARGV[j]
-    args[m + 1], args[m + 2] = score(post + 0), post
-    m = m + 2
-  end
   local r = tonumber(rs)
   if r + n + k > cap then
     -- Full: the tail's d oldest go, the floor rises to the oldest kept. Only
-    -- if the tail keeps one (the general way moves t), and t is below h.
+    -- if the tail keeps one (the general way moves t). The tail is below the
+    -- head, and d at most r: n + k <= S <= cap, so an inbox with no post
+    -- below its head is not full here.
     local d = r + n + k - cap
-    local tail = string.match(hs, '^(%d+:)') .. ts
-    if tail == hs or d > r then return nil end
-    tail = key .. ':' .. tail
+    local tail = key .. ':' .. string.match(hs, '^(%d+:)') .. ts
     local oldest = rcall('ZRANGE', tail, -(d + 1), '-1')
     if #oldest <= d then return nil end
     -- Writes from here. A post already in the head (which the planner never
