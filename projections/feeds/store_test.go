@@ -956,14 +956,33 @@ func (s sentItems) item(it feeds.Item) feeds.Item {
 	return it
 }
 
+// newModelStore is newStore for a test against a model: Redis keeps zsets of
+// up to listpack entries compact (as deployed: the cap and a few), and the
+// test's random numbers come from a seed it logs.
+func newModelStore(t *testing.T, cfg feeds.Config, listpack int) (*feeds.Store, *redis.Client, *rand.Rand) {
+	t.Helper()
+	s, rdb := newStore(t, cfg)
+	require.NoError(t, rdb.ConfigSet(t.Context(), "zset-max-listpack-entries", strconv.Itoa(listpack)).Err())
+	return s, rdb, seededRand(t, "")
+}
+
+// seededRand is a source of random numbers from a new seed, which it logs
+// (after what, if any) so that a failure can be replayed.
+func seededRand(t *testing.T, what string) *rand.Rand {
+	t.Helper()
+	seed := rand.Uint64()
+	if what != "" {
+		t.Logf("%s: seed %d", what, seed)
+	} else {
+		t.Logf("seed %d", seed)
+	}
+	return rand.New(rand.NewPCG(seed, 0))
+}
+
 func testApplyItemsAgainstModel(t *testing.T, size int, base int64) {
 	const limit = 8
-	s, rdb := newStore(t, feeds.Config{InboxCap: limit, SegmentSize: size})
+	s, rdb, rng := newModelStore(t, feeds.Config{InboxCap: limit, SegmentSize: size}, limit+5)
 	ctx := t.Context()
-	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+5)).Err())
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 0))
 	post := func() domain.PostID { return domain.PostID(base + 1 + rng.Int64N(60)) }
 	randPosts := func(k int) []domain.PostID {
 		ps := make([]domain.PostID, rng.IntN(k+1))
@@ -1053,9 +1072,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 	} {
 		name, rdb := fmt.Sprintf("%s, segments of %d, ids from %d", run.name, run.size, run.base), run.rdb
 		s := feeds.NewStore(rdb, feeds.Config{InboxCap: limit, SegmentSize: run.size})
-		seed := rand.Uint64()
-		t.Logf("%s: seed %d", name, seed)
-		rng := rand.New(rand.NewPCG(seed, 0))
+		rng := seededRand(t, name)
 		require.NoError(t, single.FlushDB(ctx).Err())
 		post := func() domain.PostID { return domain.PostID(run.base + 1 + rng.Int64N(60)) }
 		randPosts := func(k int) []domain.PostID {
@@ -1137,12 +1154,8 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 func TestOutboxAgainstModel(t *testing.T) {
 	t.Parallel()
 	const limit = 5
-	s, rdb := newStore(t, feeds.Config{OutboxCap: limit})
+	s, rdb, rng := newModelStore(t, feeds.Config{OutboxCap: limit}, limit+1)
 	ctx := t.Context()
-	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+1)).Err())
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 0))
 	model := inboxModel{exists: true, posts: map[domain.PostID]bool{}}
 	for step := range 400 {
 		p := domain.PostID(1 + rng.IntN(40))
@@ -1344,12 +1357,8 @@ func TestApplyItemsRunsAgainstModel(t *testing.T) {
 			t.Run(fmt.Sprintf("segments of %d, ids from %d", size, base), func(t *testing.T) {
 				t.Parallel()
 				const limit = 10
-				s, rdb := newStore(t, feeds.Config{InboxCap: limit, SegmentSize: size})
+				s, rdb, rng := newModelStore(t, feeds.Config{InboxCap: limit, SegmentSize: size}, limit+5)
 				ctx := t.Context()
-				require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", strconv.Itoa(limit+5)).Err())
-				seed := rand.Uint64()
-				t.Logf("seed %d", seed)
-				rng := rand.New(rand.NewPCG(seed, 0))
 				var model inboxModel
 				seq, newest := uint64(0), base+100
 				post := func() domain.PostID {
