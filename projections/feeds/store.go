@@ -448,11 +448,12 @@ func (s *Store) stPack(items []Item) []*stApplyCall {
 	return calls
 }
 
-// stOpPushes is the script's op for a run of pushes of one post each, sent
-// as one item: 7, the last push's seq, 0, 2k, then each push's seq and post,
-// the seqs rising (see apply.lua). A run is what a recipient gets from a batch of posts
-// under load; as one item it costs the script no table and three arguments
-// fewer a push.
+// stOpPushes is the script's op for a run of k pushes of one post each, sent
+// as one item: 7, the last push's seq, the lowest post, 3k, then each push's
+// seq, rising, then each push's score and post, as ZADD takes them (see
+// apply.lua). A run is what a recipient gets from a batch of posts under
+// load; as one item it costs the script no table and two arguments fewer a
+// push, and the script neither parses nor formats its posts to add them.
 const stOpPushes = 7
 
 // stAppendList appends the script arguments of a recipient's list: the
@@ -474,9 +475,17 @@ func (s *Store) stAppendList(args []any, items []Item) []any {
 			j++
 			continue
 		}
-		args = append(args, strconv.Itoa(stOpPushes), strconv.FormatUint(items[e-1].Seq, 10), "0", strconv.Itoa(2*(e-j)))
-		for _, it := range items[j:e] {
-			args = append(args, strconv.FormatUint(it.Seq, 10), strconv.FormatInt(int64(it.Posts[0]), 10))
+		run := items[j:e]
+		low := run[0].Posts[0]
+		for _, it := range run[1:] {
+			low = min(low, it.Posts[0])
+		}
+		args = append(args, strconv.Itoa(stOpPushes), strconv.FormatUint(items[e-1].Seq, 10), strconv.FormatInt(int64(low), 10), strconv.Itoa(3*len(run)))
+		for _, it := range run {
+			args = append(args, strconv.FormatUint(it.Seq, 10))
+		}
+		for _, it := range run {
+			args = append(args, strconv.FormatInt(inboxScore(it.Posts[0]), 10), strconv.FormatInt(int64(it.Posts[0]), 10))
 		}
 		j = e
 	}

@@ -19,9 +19,10 @@
 --            post_1 .. post_n
 --            op: 1 push, 2 remove, 3 merge, 4 unmerge, 5 materialise,
 --            6 reconcile, which is followed by a, allowed_1 .. allowed_a;
---            7 pushes, a run of pushes of one post each: its seq the last
---            one's, its floor unused, and its n "posts" each push's seq
---            and post in turn, the seqs rising
+--            7 pushes, a run of k pushes of one post each: its seq the
+--            last one's, in place of a floor its lowest post, and its n =
+--            3k "posts" the pushes' seqs, rising, then each push's score
+--            and post in turn, as ZADD takes them
 -- then       if l > 1, for each key in turn the number (1..l) of its list
 --
 -- One call carries many recipients, and recipients with the same items (the
@@ -735,18 +736,12 @@ local function run(it)
   if not sc then return nil end
   local last = -sc - 1 -- the inbox's seq
   if ARGV[it.first] + 0 <= last then return nil end
-  -- Its posts as ZADD's arguments, each read once, and its lowest, which
+  -- Its posts are ZADD's arguments as sent (ARGV[pa .. it.last]); its lowest
   -- tells where it goes (see lone): above "b", "f" and "s", into the head of
   -- a segmented inbox, or the general way.
-  local k = (it.last - it.first + 1) / 2
-  local args, m, low = addArgs, 0, nil
-  for j = it.first + 1, it.last, 2 do
-    local post = ARGV[j]
-    local p = post + 0
-    if not low or p < low then low = p end
-    args[m + 1], args[m + 2] = score(p), post
-    m = m + 2
-  end
+  local k = (it.last - it.first + 1) / 3
+  local pa = it.first + k
+  local low = ARGV[it.first - 2] + 0
   local under = 0
   if last > low then under = 1 end -- "s", above the post's id
   if rcall('ZCOUNT', key, '-inf', '(' .. num(-(low + 1))) ~= under then return nil end
@@ -772,7 +767,7 @@ local function run(it)
     -- Writes from here. A post already in the head (which the planner never
     -- sends) leaves a place that the tail need not give: d is what was
     -- added.
-    local added = rcall('ZADD', head, unpack(args, 1, m))
+    local added = rcall('ZADD', head, unpack(ARGV, pa, it.last))
     d = d - (k - added)
     if d > 0 then
       rcall('ZREMRANGEBYRANK', tail, -d, '-1')
@@ -782,7 +777,7 @@ local function run(it)
       return k
     end
   else
-    rcall('ZADD', head, unpack(args, 1, m))
+    rcall('ZADD', head, unpack(ARGV, pa, it.last))
   end
   rcall('ZADD', key, num(-(it.seq + 1)), 's')
   return k
@@ -848,28 +843,27 @@ local function apply(keys, args)
           local run = {}
           while list[k] and (list[k].op == 1 or list[k].op == 7) do
             local p = list[k]
-            if p.op == 7 and ARGV[p.first] + 0 > seq then
-              -- All of it is new (its sequences rise): no push's sequence
-              -- but the last need be read.
-              for j = p.first + 1, p.last, 2 do
-                local post = ARGV[j]
-                local n = post + 0
-                members[n] = post -- as sent: no need to format it again
-                run[#run + 1] = n
-              end
-              seq = p.seq
-              applied, dirty = applied + (p.last - p.first + 1) / 2, true
-            elseif p.op == 7 then
-              for j = p.first, p.last, 2 do
-                local s = ARGV[j] + 0
-                if s > seq then
-                  local post = ARGV[j + 1]
+            if p.op == 7 then
+              -- Its scores and posts as sent: no need to format them again.
+              -- If all of it is new (its sequences rise), no push's sequence
+              -- but the first need be read.
+              local c = (p.last - p.first + 1) / 3
+              local pa = p.first + c
+              local all = ARGV[p.first] + 0 > seq
+              local took = 0
+              for j = 0, c - 1 do
+                if all or ARGV[p.first + j] + 0 > seq then
+                  local post = ARGV[pa + 2 * j + 1]
                   local n = post + 0
-                  members[n] = post -- as sent: no need to format it again
+                  members[n], scores[n] = post, ARGV[pa + 2 * j]
                   run[#run + 1] = n
-                  seq = s
-                  applied, dirty = applied + 1, true
+                  took = took + 1
                 end
+              end
+              -- The last push is among those taken if any is.
+              if took > 0 then
+                seq = p.seq
+                applied, dirty = applied + took, true
               end
             elseif p.seq > seq then
               if p.p then
