@@ -86,7 +86,7 @@ var variables = []variable{
 	{"FEED_DATA_DIR", ".data", "Data directory: the NATS store (when NATS_URL is unset), media, and in dev mode Redis and Postgres data."},
 	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 16 bytes; required by `serve`. `dev` and `token` use a fixed development secret when it is unset."},
 	{"FEED_ROLES", "api,readmodel,planner,appliers", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector), `planner` and `appliers` (the two stages of the Redis feed projector). Run each projector role in one process at a time."},
-	{"FEED_INBOX_CAP", "500", "Posts kept per home feed inbox in Redis."},
+	{"FEED_INBOX_CAP", "500", "Posts kept per home feed inbox in Redis: the newest, and up to 100 more before a trim."},
 	{"FEED_OUTBOX_CAP", "500", "Posts kept per author outbox in Redis."},
 	{"FEED_INBOX_TTL", "168h", "Inboxes of users who have not read their feed for this long expire and stop receiving pushes."},
 	{"FEED_BIG_ACCOUNT", "10000", "Authors with more followers than this are not pushed; their posts are merged into pages at read time."},

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -194,6 +195,9 @@ func BenchmarkFanout(b *testing.B) {
 				followers[i] = domain.UserID((ci+1)*1_000_000 + i + 1)
 			}
 			setupFollowers(b, rdb, store, followers, old[len(old)-c.inbox:], seq)
+			if c.inbox == store.Config().InboxCap {
+				fillPastCap(b, rdb, store, followers, posts, &seq)
+			}
 			rounds := max(1, min(benchMaxPosts, benchEntries/c.followers))
 			for _, partitions := range []int{1, 4} {
 				b.Run(fmt.Sprintf("partitions=%d", partitions), func(b *testing.B) {
@@ -475,6 +479,38 @@ func setupFollowers(b *testing.B, rdb *redis.Client, store *feeds.Store, followe
 		b.Fatalf("%d of %d inboxes materialised", applied, len(followers))
 	}
 	setupRaw(b, rdb, followers, posts, seq)
+}
+
+// fillPastCap pushes each follower's full inbox a random number of posts
+// past its cap, fewer than a segment's worth, and the same posts into its raw
+// key: an inbox is trimmed once it would hold a segment more than its cap,
+// so inboxes that are all at the cap would all be trimmed by the same push,
+// and a measurement would either pay for none of the trims or for all of
+// them. Spread out, a measurement of k pushes into each pays for the trims of
+// k in every segment's worth, as a steady stream does.
+func fillPastCap(b *testing.B, rdb *redis.Client, store *feeds.Store, followers []domain.UserID, posts *benchPosts, seq *uint64) {
+	b.Helper()
+	ctx := context.Background()
+	size := min(store.Config().SegmentSize, store.Config().InboxCap)
+	rng := rand.New(rand.NewPCG(uint64(len(followers)), uint64(followers[0])))
+	var items []feeds.Item
+	for _, f := range followers {
+		fill := posts.take(rng.IntN(size))
+		for j, p := range fill {
+			items = append(items, feeds.Item{Recipient: f, Seq: *seq + uint64(j) + 1, Op: feeds.OpPush, Posts: []domain.PostID{p}})
+		}
+	}
+	*seq += uint64(size)
+	applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1, setupChunk))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if applied != int64(len(items)) {
+		b.Fatalf("%d of %d pushes past the cap applied", applied, len(items))
+	}
+	if err := rawZAddItems(ctx, rdb, items); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // setupRaw gives each follower a raw key holding posts and the two specials,

@@ -83,6 +83,9 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 		b.Run(fmt.Sprintf("inbox=%d", inbox), func(b *testing.B) {
 			followers := benchFollowers(ci, followersN)
 			setupFollowers(b, rdb, store, followers, old[len(old)-inbox:], seq)
+			if inbox == store.Config().InboxCap {
+				fillPastCap(b, rdb, store, followers, posts, &seq)
+			}
 			keys := byPartition(followers, self, 1, benchChunk)
 			entries := float64(rounds * followersN)
 			for b.Loop() {
@@ -114,6 +117,7 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 		const batch, run = 50, 8
 		followers := benchFollowers(2, followersN)
 		setupFollowers(b, rdb, store, followers, old, seq)
+		fillPastCap(b, rdb, store, followers, posts, &seq)
 		rng := rand.New(rand.NewPCG(1, 2))
 		entries := float64(rounds / 2 * followersN * run)
 		// runs is one call's items: each follower gets run of the batch's

@@ -31,7 +31,7 @@ type MaintenanceConfig struct {
 
 // Maintenance visits the materialised inboxes in turn through seed 001's
 // round queue (least recently checked first, each at most once per period) and
-// has the planner reconcile them: trimmed to the cap, ghosts of deleted posts or
+// has the planner reconcile them: trimmed if over-long, ghosts of deleted posts or
 // unfollowed authors removed, missing posts added; Store.Repairs counts every
 // entry it fixes. Users whose inboxes expire drop out by the queue's TTL.
 type Maintenance struct {

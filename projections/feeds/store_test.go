@@ -126,7 +126,7 @@ func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, size, li
 	require.LessOrEqual(t, floor, bound, msgAndArgs...)
 	metaTTL, err := rdb.PTTL(ctx, meta).Result()
 	require.NoError(t, err)
-	newestBelow, counted := int64(0), int64(0)
+	newestBelow, counted, total := int64(0), int64(0), 0
 	for k := tail; k <= head; k++ {
 		key := fmt.Sprintf("%s:%s:%d", meta, gen, k)
 		var ms []string
@@ -161,11 +161,15 @@ func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, size, li
 			counted += int64(len(ms))
 		}
 		newestBelow = newest
+		total += len(ms)
 	}
 	require.Equal(t, counted, below, "posts below the head: %v", msgAndArgs)
+	require.LessOrEqual(t, total, limit+size, "an inbox holds at most its cap and a segment's worth: %v", msgAndArgs)
 }
 
-// TestApplyItems checks each work item's effect on alice's inbox (cap 3).
+// TestApplyItems checks each work item's effect on alice's inbox (cap 3,
+// segments of 3: an inbox is trimmed to its 3 newest posts when it would hold
+// more than 6).
 func TestApplyItems(t *testing.T) {
 	t.Parallel()
 	s, rdb := newStore(t, feeds.Config{InboxCap: 3})
@@ -197,40 +201,54 @@ func TestApplyItems(t *testing.T) {
 			then:        inboxState{ids(60), 50, 11, true},
 		},
 		{
-			name:        "trim keeps the cap newest and raises the floor to the oldest kept",
+			name:        "pushes past the cap are kept up to a segment's worth",
 			given:       []feeds.Item{materialise(10, 0, 10, 20, 30)},
-			when:        []feeds.Item{push(11, 40), push(12, 25)},
+			when:        []feeds.Item{push(11, 40), push(12, 25), push(13, 50)},
+			wantApplied: 3,
+			then:        inboxState{ids(50, 40, 30, 25, 20, 10), 0, 13, true},
+		},
+		{
+			name:        "trim keeps the cap newest and raises the floor to the oldest kept",
+			given:       []feeds.Item{materialise(10, 0, 10, 20, 30), push(11, 31), push(12, 32), push(13, 33)},
+			when:        []feeds.Item{push(14, 40), push(15, 35)},
 			wantApplied: 2,
-			then:        inboxState{ids(40, 30, 25), 25, 12, true},
+			then:        inboxState{ids(40, 35, 33), 33, 15, true},
 		},
 		{
 			name:        "a push older than a trimmed-away post stays out",
-			given:       []feeds.Item{materialise(10, 0, 10, 20, 30), push(11, 40)},
-			when:        []feeds.Item{push(12, 15)},
+			given:       []feeds.Item{materialise(10, 0, 10, 20, 30), push(11, 31), push(12, 32), push(13, 33), push(14, 40)},
+			when:        []feeds.Item{push(15, 15)},
 			wantApplied: 1,
-			then:        inboxState{ids(40, 30, 20), 20, 12, true},
+			then:        inboxState{ids(40, 33, 32), 32, 15, true},
 		},
 		// A call of one push takes the lone push's path, a fan-out's.
 		{
-			name:        "a lone push into a full inbox takes the oldest's place",
+			name:        "a lone push into a full inbox is kept",
 			given:       []feeds.Item{materialise(10, 0, 10, 20, 30)},
 			when:        []feeds.Item{push(11, 40)},
 			wantApplied: 1,
-			then:        inboxState{ids(40, 30, 20), 20, 11, true},
+			then:        inboxState{ids(40, 30, 20, 10), 0, 11, true},
 		},
 		{
-			name:        "a lone push that becomes a full inbox's oldest is the floor",
-			given:       []feeds.Item{materialise(10, 0, 10, 30, 40)},
-			when:        []feeds.Item{push(11, 20)},
+			name:        "a lone push into an inbox at its most trims it to the cap",
+			given:       []feeds.Item{materialise(10, 0, 10, 20, 30), push(11, 31), push(12, 32), push(13, 33)},
+			when:        []feeds.Item{push(14, 40)},
 			wantApplied: 1,
-			then:        inboxState{ids(40, 30, 20), 20, 11, true},
+			then:        inboxState{ids(40, 33, 32), 32, 14, true},
 		},
 		{
-			name:        "a lone push older than a full inbox's oldest stays out and raises the floor to it",
-			given:       []feeds.Item{materialise(10, 0, 10, 20, 30)},
-			when:        []feeds.Item{push(11, 5)},
+			name:        "a lone push that becomes the oldest kept by a trim is the floor",
+			given:       []feeds.Item{materialise(10, 0, 10, 30, 40), push(11, 5), push(12, 6), push(13, 7)},
+			when:        []feeds.Item{push(14, 20)},
 			wantApplied: 1,
-			then:        inboxState{ids(30, 20, 10), 10, 11, true},
+			then:        inboxState{ids(40, 30, 20), 20, 14, true},
+		},
+		{
+			name:        "a lone push older than the oldest kept by a trim stays out and raises the floor to it",
+			given:       []feeds.Item{materialise(10, 0, 10, 20, 30), push(11, 31), push(12, 32), push(13, 33)},
+			when:        []feeds.Item{push(14, 5)},
+			wantApplied: 1,
+			then:        inboxState{ids(33, 32, 31), 31, 14, true},
 		},
 		{
 			name:        "a lone push a full inbox holds changes nothing but the seq",
@@ -330,11 +348,18 @@ func TestApplyItems(t *testing.T) {
 			then:        inboxState{ids(25, 20, 15), 15, 11, true},
 		},
 		{
-			name:        "merge trims to the cap",
+			name:        "merge keeps up to a segment's worth past the cap",
 			given:       []feeds.Item{materialise(10, 0, 10, 20)},
 			when:        []feeds.Item{merge(11, 0, 15, 25, 35)},
 			wantApplied: 1,
-			then:        inboxState{ids(35, 25, 20), 20, 11, true},
+			then:        inboxState{ids(35, 25, 20, 15, 10), 0, 11, true},
+		},
+		{
+			name:        "merge trims to the cap past that",
+			given:       []feeds.Item{materialise(10, 0, 10, 20)},
+			when:        []feeds.Item{merge(11, 0, 15, 25, 35, 45, 55)},
+			wantApplied: 1,
+			then:        inboxState{ids(55, 45, 35), 35, 11, true},
 		},
 		{
 			name:        "merge on a missing inbox creates nothing",
@@ -386,7 +411,7 @@ func TestApplyItems(t *testing.T) {
 			given:       []feeds.Item{materialise(domain.MaxID-10, domain.MaxID-9, domain.MaxID-9, domain.MaxID-8)},
 			when:        []feeds.Item{push(domain.MaxID-2, domain.MaxID-1), push(domain.MaxID-1, domain.MaxID-3)},
 			wantApplied: 2,
-			then:        inboxState{ids(domain.MaxID-1, domain.MaxID-3, domain.MaxID-8), domain.MaxID - 8, domain.MaxID - 1, true},
+			then:        inboxState{ids(domain.MaxID-1, domain.MaxID-3, domain.MaxID-8, domain.MaxID-9), domain.MaxID - 9, domain.MaxID - 1, true},
 		},
 	}
 	for _, tc := range cases {
@@ -409,7 +434,7 @@ func TestApplyItems(t *testing.T) {
 // TestApplyItemsKeepsEachRecipientsOrder interleaves two recipients' items in
 // one batch: each inbox sees its own items in order, the other's not at all.
 // TestApplyItemsAcrossSegments checks the edges of an inbox's segments (see
-// apply.lua), with segments of 2 posts and a cap of 6: each call of when is
+// apply.lua), with segments of 2 posts and a cap of 6 (8 at most): each call of when is
 // one ApplyItems, so that a single push takes the lone push's path.
 func TestApplyItemsAcrossSegments(t *testing.T) {
 	t.Parallel()
@@ -433,12 +458,17 @@ func TestApplyItemsAcrossSegments(t *testing.T) {
 		{
 			name: "a lone push below the head's bound goes into place",
 			when: [][]feeds.Item{{push(2, 35)}},
-			then: inboxState{ids(60, 50, 40, 35, 30, 20), 20, 2, true},
+			then: inboxState{ids(60, 50, 40, 35, 30, 20, 10), 0, 2, true},
 		},
 		{
 			name: "lone pushes fill new heads and empty the tail",
 			when: [][]feeds.Item{{push(2, 70)}, {push(3, 80)}, {push(4, 90)}},
 			then: inboxState{ids(90, 80, 70, 60, 50, 40), 40, 4, true},
+		},
+		{
+			name: "a lone push into an inbox at its most, its head with room, trims it",
+			when: [][]feeds.Item{{push(2, 70)}, {push(3, 80)}, {push(4, 90)}, {push(5, 100)}, {push(6, 110)}, {push(7, 120)}},
+			then: inboxState{ids(120, 110, 100, 90, 80, 70), 70, 7, true},
 		},
 		{
 			name: "a run of pushes trims across two segments",
@@ -448,7 +478,7 @@ func TestApplyItemsAcrossSegments(t *testing.T) {
 		{
 			name: "a removal that empties a middle segment leaves a gap that is skipped",
 			when: [][]feeds.Item{{remove(2, 30)}, {remove(3, 40)}, {push(4, 70)}, {push(5, 80)}, {push(6, 90)}},
-			then: inboxState{ids(90, 80, 70, 60, 50, 20), 20, 6, true},
+			then: inboxState{ids(90, 80, 70, 60, 50, 20, 10), 0, 6, true},
 		},
 		{
 			name: "removals that empty the head and the tail",
@@ -859,6 +889,14 @@ func (m *inboxModel) trim(limit int) {
 	m.floor = int64(all[limit-1])
 }
 
+// trimOver trims the inbox to limit if it holds more than limit + slack, as
+// apply.lua trims an inbox (slack is its segment size).
+func (m *inboxModel) trimOver(limit, slack int) {
+	if len(m.posts) > limit+slack {
+		m.trim(limit)
+	}
+}
+
 func (m *inboxModel) raise(floor int64) {
 	m.floor = max(m.floor, floor)
 	for p := range m.posts {
@@ -876,7 +914,29 @@ func (m *inboxModel) add(posts []domain.PostID) {
 	}
 }
 
-func (m *inboxModel) apply(it feeds.Item, limit int) {
+// applyAll applies one recipient's items of an ApplyItems call, in order, as
+// apply.lua does: a run of pushes at once, then trimmed, and each other item
+// on its own. size is the store's segment size.
+func (m *inboxModel) applyAll(items []feeds.Item, limit, size int) {
+	slack := min(size, limit)
+	for i := 0; i < len(items); {
+		if items[i].Op != feeds.OpPush || !m.exists {
+			m.apply(items[i], limit, slack)
+			i++
+			continue
+		}
+		for ; i < len(items) && items[i].Op == feeds.OpPush; i++ {
+			if items[i].Seq > m.seq {
+				m.seq = items[i].Seq
+				m.add(items[i].Posts)
+			}
+		}
+		m.trimOver(limit, slack)
+	}
+}
+
+// apply applies one item, trimming as apply.lua does (see applyAll).
+func (m *inboxModel) apply(it feeds.Item, limit, slack int) {
 	if it.Op == feeds.OpMaterialise {
 		if !m.exists {
 			*m = inboxModel{exists: true, posts: map[domain.PostID]bool{}, floor: it.Floor, seq: it.Seq}
@@ -892,13 +952,13 @@ func (m *inboxModel) apply(it feeds.Item, limit int) {
 	switch it.Op {
 	case feeds.OpPush:
 		m.add(it.Posts)
-		m.trim(limit)
+		m.trimOver(limit, slack)
 	case feeds.OpRemove:
 		delete(m.posts, it.Posts[0])
 	case feeds.OpMerge:
 		m.raise(it.Floor)
 		m.add(it.Posts)
-		m.trim(limit)
+		m.trimOver(limit, slack)
 	case feeds.OpUnmerge:
 		for _, p := range it.Posts {
 			delete(m.posts, p)
@@ -1032,8 +1092,8 @@ func testApplyItemsAgainstModel(t *testing.T, size int, base int64) {
 				items[i] = materialise(itSeq, floor, randPosts(20)...)
 			}
 			items[i] = sent.item(items[i])
-			model.apply(items[i], limit)
 		}
+		model.applyAll(items, limit, size)
 		_, err := s.ApplyItems(ctx, items)
 		require.NoError(t, err)
 		require.Equal(t, model.state(), readInbox(t, s, alice), "batch %d: %v", batch, items)
@@ -1135,9 +1195,13 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 					models[u] = inboxModel{}
 				}
 			}
+			mine := map[domain.UserID][]feeds.Item{}
 			for i, it := range items {
 				items[i] = sent.item(it)
-				models[it.Recipient].apply(items[i], limit)
+				mine[it.Recipient] = append(mine[it.Recipient], items[i])
+			}
+			for u, its := range mine {
+				models[u].applyAll(its, limit, run.size)
 			}
 			_, err := s.ApplyItems(ctx, items)
 			require.NoError(t, err)
@@ -1398,9 +1462,7 @@ func TestApplyItemsRunsAgainstModel(t *testing.T) {
 						require.NoError(t, rdb.Del(ctx, "feed:v1:{1}:ix").Err()) // it expired
 						model = inboxModel{}
 					}
-					for _, it := range items {
-						model.apply(it, limit)
-					}
+					model.applyAll(items, limit, size)
 					_, err := s.ApplyItems(ctx, items)
 					require.NoError(t, err)
 					require.Equal(t, model.state(), readInbox(t, s, alice), "round %d: %v", round, items)
@@ -1425,8 +1487,8 @@ func TestApplyItemsRunSentAgainAfterARemoval(t *testing.T) {
 	for p := range domain.PostID(10) {
 		old = append(old, big(10+p))
 	}
-	// Segments of 8 and 2, the head the 2 newest: a run of two fills it and
-	// takes two from the tail.
+	// Segments of 8 and 2, the head the 2 newest: a run of two goes into it
+	// (12 posts, within the cap and a segment).
 	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, old...)})
 	require.NoError(t, err)
 	run := []feeds.Item{push(2, big(50)), push(3, big(51))}
@@ -1440,8 +1502,8 @@ func TestApplyItemsRunSentAgainAfterARemoval(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, applied)
 	want := ids(big(51))
-	for p := domain.PostID(19); p >= 12; p-- {
+	for p := domain.PostID(19); p >= 10; p-- {
 		want = append(want, big(p))
 	}
-	assert.Equal(t, inboxState{want, int64(big(12)), 4, true}, readInbox(t, s, alice))
+	assert.Equal(t, inboxState{want, 0, 4, true}, readInbox(t, s, alice))
 }

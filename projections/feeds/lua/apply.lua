@@ -11,7 +11,7 @@
 -- the start of each call (Redis runs one call at a time).
 --
 -- KEYS[1..k] the recipients' inboxes (their meta keys), feed:v<N>:{<uid>}:ix
--- ARGV[1]    the inbox cap (posts kept)
+-- ARGV[1]    the inbox cap (posts kept; see most below)
 -- ARGV[2]    the inbox TTL in milliseconds (set when materialising)
 -- ARGV[3]    S, the segment size (see below)
 -- ARGV[4]    l, the number of item lists that follow
@@ -102,7 +102,14 @@ local KEYS, ARGV
 -- keeps every one compact, whatever S. A head takes posts older than its
 -- newest (log order is not quite id order) up to L, 2S; past that the inbox
 -- is rewritten.
-local cap, ttl, S, L
+--
+-- An inbox holds at most most = cap + S posts: one that would hold more is
+-- trimmed to its cap newest. Trimming to the cap on every push cost a push
+-- into a full inbox half its commands (the tail's oldest read and removed,
+-- the floor and layout rewritten); trimmed S at a time, a push into a full
+-- inbox is a push into one with room, and the trim is a segment's worth of
+-- removals once every S posts.
+local cap, ttl, S, L, most
 -- How much longer than the meta a segment lives.
 local margin = 1000
 
@@ -315,8 +322,8 @@ function readAll()
 end
 
 -- writeAll makes the inbox exactly the posts ps (numbers, any order, maybe
--- repeated), kept to the cap newest; if any had to go, the floor becomes the
--- oldest kept. S posts or fewer go into the meta (segment 0); more are
+-- repeated), kept to the cap newest if more than most; if any had to go, the
+-- floor becomes the oldest kept. S posts or fewer go into the meta (segment 0); more are
 -- written anew in segments from t (1 if it was 0): the oldest S posts in t,
 -- the next S in t+1, and so on; the head h has the newest, S or fewer.
 function writeAll(ps)
@@ -328,7 +335,7 @@ function writeAll(ps)
       last = ps[j]
     end
   end
-  if #all > cap then
+  if #all > most then
     for j = #all, cap + 1, -1 do all[j] = nil end
     floor = all[cap]
   end
@@ -362,11 +369,12 @@ function writeAll(ps)
   if nseg > 1 then b = math.max(b, asc[(nseg - 1) * S] + 1) end
 end
 
--- trim drops the oldest posts while the inbox holds more than the cap; if any
--- went, the floor becomes the oldest kept.
+-- trim drops the oldest posts down to the cap if the inbox holds more than
+-- most; if any went, the floor becomes the oldest kept.
 function trim()
-  local d = r + headCount() - cap
-  if d <= 0 then return end
+  local n = r + headCount()
+  if n <= most then return end
+  local d = n - cap
   while d > 0 do
     if t == h then
       rcall('ZREMRANGEBYRANK', seg(h), -d, '-1')
@@ -389,8 +397,8 @@ function trim()
   b = math.max(b, floor)
 end
 
--- addPosts adds posts (numbers, >= floor, no repeats) to the inbox, keeping
--- the cap newest. Posts at or above b go into the head or new heads above it
+-- addPosts adds posts (numbers, >= floor, no repeats) to the inbox, then
+-- trims it. Posts at or above b go into the head or new heads above it
 -- (a push, as a rule); if any is below b, or the head would outgrow L, the
 -- inbox is rewritten.
 function addPosts(ps)
@@ -507,9 +515,9 @@ end
 -- reconcile makes the inbox exactly the item's posts above the higher of its
 -- floor and the item's, and counts what it had to change: entries above that
 -- floor that should not be there (unless allowed: a big account's older posts,
--- which reads merge anyway), entries missing, and the entries beyond the cap of
+-- which reads merge anyway), entries missing, and the entries beyond most of
 -- those that remain. Entries below the floor are dropped uncounted when the
--- inbox is within its cap: the planner cannot vouch for them, but they are not
+-- inbox is within most: the planner cannot vouch for them, but they are not
 -- wrong.
 function reconcile(it)
   local f = math.max(floor, it.floor)
@@ -528,7 +536,7 @@ function reconcile(it)
       kept[#kept + 1] = p
     end
   end
-  if #kept > cap then repairs = repairs + #kept - cap end
+  if #kept > most then repairs = repairs + #kept - most end
   for p in pairs(want) do
     if not present[p] then repairs = repairs + 1 end
   end
@@ -678,41 +686,14 @@ local function lone(it)
   life = nil
   local head = key .. ':' .. hs
   local n = rcall('ZCARD', head)
-  if n < S and tonumber(rs) + n < cap then
+  if n < S and tonumber(rs) + n < most then
     -- Room in the head and in the inbox: the post goes in.
     rcall('ZADD', head, it.score, it.post)
     if n == 0 then expireKey(head) end -- a new head, or one emptied by removals
     return true
   end
-  parse(lay)
-  hc = n
-  if r + n == cap and n < S and t < h and cap > 1 then
-    -- A full inbox: the post goes into the head, the tail's oldest goes, and
-    -- the floor rises to the oldest kept.
-    if rcall('ZADD', seg(h), it.score, it.post) == 0 then return true end
-    if n == 0 then expire(h) end
-    local two = rcall('ZRANGE', seg(t), '-2', '-1')
-    rcall('ZREMRANGEBYRANK', seg(t), '-1', '-1')
-    r = r - 1
-    local f
-    if two[2] then
-      f = tonumber(two[1])
-    else
-      t = t + 1
-      tailUp()
-      f = oldest()
-    end
-    rcall('ZREM', key, lay)
-    if t < h then
-      rcall('ZADD', key, num(-(f + 1)), 'f', '0', layoutOf())
-    else
-      -- The head is the only segment left: its bound rises to the floor.
-      rcall('ZADD', key, num(-(f + 1)), 'f', '0', layoutOf(), num(-(f + 1)), 'b')
-    end
-    return true
-  end
-  -- Anything else (a new head, a post below it, a cap lowered) the general
-  -- way: "s" has the item's seq already.
+  -- Anything else (a new head, a trim, a post below the head, a cap
+  -- lowered) the general way: "s" has the item's seq already.
   load()
   addPosts(candidates(nil, floor, {it.p}))
   save()
@@ -722,8 +703,8 @@ end
 -- run applies a run of pushes, an op 7 item alone in its list (what a
 -- recipient gets from a batch of posts under load), the way lone applies
 -- one push: in the case that holds nearly always, a segmented inbox whose
--- head takes every post, with room or with the tail's oldest going, in a
--- few commands and no more Lua than they need. The general way costs a run
+-- head takes every post and that needs no trim, in six commands and no more
+-- Lua than they need. The general way costs a run
 -- some 200 000 Redis instructions more (loading and saving the meta as
 -- fields, the posts' tables), which made runs, not pushes, what Redis's
 -- thread spent itself on under load. It returns the number of pushes
@@ -747,38 +728,16 @@ local function run(it)
   if rcall('ZCOUNT', key, '-inf', '(' .. num(-(low + 1))) ~= under then return nil end
   -- A segmented inbox's meta has no posts: its layout is last.
   local lay = rcall('ZRANGE', key, '-1', '-1')[1] or ''
-  local hs, rs, ts = string.match(lay, '^(%d+:%d+)/(%d+)/(%d+)$')
+  local hs, rs = string.match(lay, '^(%d+:%d+)/(%d+)/%d+$')
   if not hs then return nil end
   local head = key .. ':' .. hs
   local n = rcall('ZCARD', head)
   -- A head that is new or emptied needs its TTL; one without room, a new
   -- head: the general way.
   if n == 0 or n + k > S then return nil end
-  local r = tonumber(rs)
-  if r + n + k > cap then
-    -- Full: the tail's d oldest go, the floor rises to the oldest kept. Only
-    -- if the tail keeps one (the general way moves t). The tail is below the
-    -- head, and d at most r: n + k <= S <= cap, so an inbox with no post
-    -- below its head is not full here.
-    local d = r + n + k - cap
-    local tail = key .. ':' .. string.match(hs, '^(%d+:)') .. ts
-    local oldest = rcall('ZRANGE', tail, -(d + 1), '-1')
-    if #oldest <= d then return nil end
-    -- Writes from here. A post already in the head (which the planner never
-    -- sends) leaves a place that the tail need not give: d is what was
-    -- added.
-    local added = rcall('ZADD', head, unpack(ARGV, pa, it.last))
-    d = d - (k - added)
-    if d > 0 then
-      rcall('ZREMRANGEBYRANK', tail, -d, '-1')
-      local f = oldest[#oldest - d]
-      rcall('ZREM', key, lay)
-      rcall('ZADD', key, num(-(it.seq + 1)), 's', num(-(f + 1)), 'f', '0', hs .. '/' .. num(r - d) .. '/' .. ts)
-      return k
-    end
-  else
-    rcall('ZADD', head, unpack(ARGV, pa, it.last))
-  end
+  -- One that would hold more than most: the general way trims it.
+  if tonumber(rs) + n + k > most then return nil end
+  rcall('ZADD', head, unpack(ARGV, pa, it.last))
   rcall('ZADD', key, num(-(it.seq + 1)), 's')
   return k
 end
@@ -791,6 +750,7 @@ local function apply(keys, args)
   ttl = tonumber(ARGV[2])
   S = math.min(tonumber(ARGV[3]), cap)
   L = math.min(2 * S, cap)
+  most = cap + S
   scores, members = {}, {}
   -- Nothing of the last call's inbox is kept: a call that raised an error
   -- stopped anywhere.
@@ -835,11 +795,12 @@ local function apply(keys, args)
           return redis.error_reply('ERR feed apply: unknown op ' .. num(op))
         elseif (op == 1 or op == 7) and exists then
           -- A run of pushes (what a recipient gets from a batch of posts under
-          -- load) is put at once. The result is the pushes' one by one:
-          -- addPosts keeps the cap newest of the inbox and the posts, whatever
-          -- their order, and a post that a push before it would have put below
-          -- the floor is among the oldest, so it goes too. Each push is still
-          -- skipped unless it is newer than the last item applied.
+          -- load) is put at once, then trimmed once: if the inbox and the
+          -- posts are more than most, the cap newest of them, whatever their
+          -- order, are kept. (One by one, a trim might have come before the
+          -- last pushes and kept more: both are the feed above the floor.)
+          -- Each push is still skipped unless it is newer than the last item
+          -- applied.
           local run = {}
           while list[k] and (list[k].op == 1 or list[k].op == 7) do
             local p = list[k]
