@@ -1417,7 +1417,7 @@ func TestApplyItemsSendsACallATrip(t *testing.T) {
 func TestApplyItemsRunsAgainstModel(t *testing.T) {
 	t.Parallel()
 	for _, base := range []int64{0, bigIDs} {
-		for _, size := range []int{3, 4, 8} {
+		for _, size := range []int{3, 4, 8, 10} {
 			t.Run(fmt.Sprintf("segments of %d, ids from %d", size, base), func(t *testing.T) {
 				t.Parallel()
 				const limit = 10

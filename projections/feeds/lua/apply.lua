@@ -322,10 +322,11 @@ function readAll()
 end
 
 -- writeAll makes the inbox exactly the posts ps (numbers, any order, maybe
--- repeated), kept to the cap newest if more than most; if any had to go, the
--- floor becomes the oldest kept. S posts or fewer go into the meta (segment 0); more are
--- written anew in segments from t (1 if it was 0): the oldest S posts in t,
--- the next S in t+1, and so on; the head h has the newest, S or fewer.
+-- repeated), cut to the cap newest if more than most; if any had to go, the
+-- floor becomes the oldest kept. S posts or fewer go into the meta (segment
+-- 0); more are written anew in segments from t (1 if it was 0): the oldest S
+-- posts in t, the next S in t+1, and so on; the head h has the newest, S or
+-- fewer.
 function writeAll(ps)
   table.sort(ps, function(x, y) return x > y end)
   local all, last = {}, nil
@@ -704,10 +705,10 @@ end
 -- recipient gets from a batch of posts under load), the way lone applies
 -- one push: in the case that holds nearly always, a segmented inbox whose
 -- head takes every post and that needs no trim, in six commands and no more
--- Lua than they need. The general way costs a run
--- some 200 000 Redis instructions more (loading and saving the meta as
--- fields, the posts' tables), which made runs, not pushes, what Redis's
--- thread spent itself on under load. It returns the number of pushes
+-- Lua than they need. The general way costs a run some 200 000 Redis
+-- instructions more (loading and saving the meta as fields, the posts'
+-- tables), which made runs, not pushes, what Redis's thread spent itself on
+-- under load. It returns the number of pushes
 -- applied, or nil, having written nothing the general way would not write
 -- again, when that must take it.
 local function run(it)
@@ -726,19 +727,57 @@ local function run(it)
   local under = 0
   if last > low then under = 1 end -- "s", above the post's id
   if rcall('ZCOUNT', key, '-inf', '(' .. num(-(low + 1))) ~= under then return nil end
-  -- A segmented inbox's meta has no posts: its layout is last.
+  -- A segmented inbox's meta has no posts: its layout is last. (A small
+  -- one's last member is a post, no layout.)
   local lay = rcall('ZRANGE', key, '-1', '-1')[1] or ''
-  local hs, rs = string.match(lay, '^(%d+:%d+)/(%d+)/%d+$')
-  if not hs then return nil end
-  local head = key .. ':' .. hs
-  local n = rcall('ZCARD', head)
-  -- A head that is new or emptied needs its TTL; one without room, a new
-  -- head: the general way.
-  if n == 0 or n + k > S then return nil end
-  -- One that would hold more than most: the general way trims it.
-  if tonumber(rs) + n + k > most then return nil end
-  rcall('ZADD', head, unpack(ARGV, pa, it.last))
-  rcall('ZADD', key, num(-(it.seq + 1)), 's')
+  if not parse(lay) or h == 0 then return nil end
+  hc, life = nil, nil
+  local n = rcall('ZCARD', seg(h))
+  -- A head that is new or emptied needs its TTL: the general way.
+  if n == 0 or k > S then return nil end
+  -- A head without room for the run: a new head takes it all if every post
+  -- is newer than the head's newest (the general way fills the old head
+  -- first; an emptier head is no less a segment), its lower bound above
+  -- that newest.
+  local top
+  if n + k > S then
+    top = tonumber(rcall('ZRANGE', seg(h), '0', '0')[1])
+    if low <= top then return nil end
+  end
+  -- One that would hold more than most is trimmed to the cap, here only if
+  -- the trim stays below the head (it does unless S is the cap), which
+  -- leaves its bound as it is.
+  local below = r
+  if top then below = r + n end
+  if r + n + k > most and r + n + k - cap >= below then return nil end
+  -- Writes from here.
+  local new = false
+  if top then
+    r, h, b = r + n, h + 1, top + 1
+    hc = rcall('ZADD', seg(h), unpack(ARGV, pa, it.last))
+    expire(h)
+    new = true
+  else
+    hc = n + rcall('ZADD', seg(h), unpack(ARGV, pa, it.last))
+  end
+  local s = num(-(it.seq + 1))
+  if r + hc > most then
+    -- The floor becomes the oldest kept, the layout changes; the bound
+    -- stays (the trim stops below the head).
+    if not new then b = 0 end -- not read: trim only raises it, and it is not written
+    trim()
+    rcall('ZREM', key, lay)
+    if new then
+      rcall('ZADD', key, s, 's', num(-(floor + 1)), 'f', num(-(b + 1)), 'b', '0', layoutOf())
+    else
+      rcall('ZADD', key, s, 's', num(-(floor + 1)), 'f', '0', layoutOf())
+    end
+  elseif new then
+    rcall('ZREM', key, lay)
+    rcall('ZADD', key, s, 's', num(-(b + 1)), 'b', '0', layoutOf())
+  else
+    rcall('ZADD', key, s, 's')
+  end
   return k
 end
 
