@@ -26,9 +26,9 @@ type Config struct {
 	// InboxCap is how many posts an inbox keeps (default 500): once it has
 	// that many it holds its InboxCap newest at least, and at most one
 	// segment more (SegmentSize, or InboxCap if that is smaller); an inbox
-	// that would hold more is trimmed back to its InboxCap newest. Redis's zset-max-listpack-entries must be at least
-	// InboxCap+5 for every inbox to stay in the compact encoding (see
-	// CheckListpack).
+	// that would hold more is trimmed back to its InboxCap newest. Redis's
+	// zset-max-listpack-entries must be at least InboxCap+5 for every inbox
+	// to stay in the compact encoding (see CheckListpack).
 	InboxCap int
 	// SegmentSize is how many posts one of an inbox's zsets takes from pushes
 	// (default 100; see apply.lua). Smaller is cheaper to push into and costs
