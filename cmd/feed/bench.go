@@ -135,14 +135,23 @@ func bench(ctx context.Context, args []string, getenv func(string) string, stdou
 	} else {
 		rep, err = benchStarted(ctx, wl, opts, getenv, stderr)
 	}
-	if err != nil {
+	if err != nil && (rep == nil || ctx.Err() != nil) {
 		if ctx.Err() != nil {
 			return fmt.Errorf("bench interrupted, no report: %w", ctx.Err())
 		}
 		return fmt.Errorf("bench: %w", err)
 	}
 	rep.CommandLine = "feed bench " + strings.Join(args, " ")
-	return writeBenchReport(rep, opts.out, stdout)
+	// A run that finished is reported even if the service then failed to
+	// stop (it was killed): the failure is returned after it.
+	return errors.Join(writeBenchReport(rep, opts.out, stdout), wrapBench(err))
+}
+
+func wrapBench(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("bench: %w", err)
 }
 
 func writeBenchReport(rep *loadbench.Report, dir string, stdout io.Writer) error {
@@ -230,8 +239,9 @@ func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, g
 	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true})
 	prof.stop()
 	if serr := stop(); serr != nil {
-		// A service that failed explains the bench's own error.
-		return nil, fmt.Errorf("service: %w", serr)
+		// A service that failed explains the bench's own error; a run that
+		// finished keeps its report (see bench).
+		return rep, errors.Join(err, fmt.Errorf("service: %w", serr))
 	}
 	return rep, err
 }
@@ -277,8 +287,9 @@ func benchChild(ctx context.Context, wl loadbench.Config, cfg config, env func(s
 	}
 	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true})
 	if serr := stop(); serr != nil {
-		// A service that failed explains the bench's own error.
-		return nil, fmt.Errorf("service: %w", serr)
+		// A service that failed explains the bench's own error; a run that
+		// finished keeps its report (see bench).
+		return rep, errors.Join(err, fmt.Errorf("service: %w", serr))
 	}
 	return rep, err
 }

@@ -1,6 +1,10 @@
 package feeds
 
-import "github.com/prometheus/client_golang/prometheus/testutil"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
 
 // SetBeforeFill makes fn run between a page's read from Redis and its entry
 // into the cache.
@@ -28,6 +32,9 @@ func DecodeWork(data []byte) ([]Item, error) { return decodeWork(data) }
 // SetBeforePlan makes fn run between a batch's first round trip to Redis and
 // its plan's.
 func (p *Planner) SetBeforePlan(fn func()) { p.beforePlan = fn }
+
+// SetAppliersStall sets how long p waits for appliers that apply nothing.
+func (p *Planner) SetAppliersStall(d time.Duration) { p.stall = d }
 
 // ErrStateLost is the planner's error for a Redis that lost its state.
 var ErrStateLost = errStateLost

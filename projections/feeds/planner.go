@@ -117,6 +117,9 @@ type Planner struct {
 	beforePlan func()
 	// fanout is the fan-out stream, once looked up (for PendingWork).
 	fanout jetstream.Stream
+	// stall is how long the planner waits for appliers that apply nothing
+	// (default appliersStall).
+	stall time.Duration
 }
 
 // OnMaterialise makes the planner tell f of the users whose inboxes it
@@ -286,10 +289,18 @@ func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
 	return nil
 }
 
+// appliersStall is how long the planner waits for the appliers while they
+// apply nothing: they have stopped (a shutdown stops them with the planner,
+// whose batch in progress is finished, its context not cancelled), or they
+// run elsewhere and are down. The wait paces the planner; it is not what
+// keeps the work in order.
+const appliersStall = 5 * time.Second
+
 // awaitAppliers waits until at most PendingWork fan-out messages are left
 // for the appliers (see PendingWork), without the planner's lock, so that
-// warm-ups go on meanwhile. A failure to look is ignored: the batch is
-// applied, and the next one's publish meets the same trouble.
+// warm-ups go on meanwhile. It stops waiting when the appliers have applied
+// nothing for the stall time (appliersStall). A failure to look is ignored:
+// the batch is applied, and the next one's publish meets the same trouble.
 func (p *Planner) awaitAppliers(ctx context.Context) {
 	if p.cfg.PendingWork <= 0 {
 		return
@@ -301,10 +312,26 @@ func (p *Planner) awaitAppliers(ctx context.Context) {
 		}
 		p.fanout = s
 	}
+	stall := p.stall
+	if stall <= 0 {
+		stall = appliersStall
+	}
 	pause := time.Millisecond
+	var first, msgs uint64
+	var moved time.Time
 	for {
 		info, err := p.fanout.Info(ctx)
 		if err != nil || info.State.Msgs <= uint64(p.cfg.PendingWork) {
+			return
+		}
+		// Progress is work removed: the oldest message gone, or fewer left
+		// than at the last look.
+		now := time.Now()
+		progress := moved.IsZero() || info.State.FirstSeq != first || info.State.Msgs < msgs
+		first, msgs = info.State.FirstSeq, info.State.Msgs
+		if progress {
+			moved = now
+		} else if now.Sub(moved) >= stall {
 			return
 		}
 		select {

@@ -538,6 +538,7 @@ func TestPlannerWaitsForTheAppliers(t *testing.T) {
 	rig := newPlannerRigOn(t, feeds.Config{}, localstack.NATSConfig{}, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 1, PendingWork: 2})
 	ctx := t.Context()
 	p := rig.planner(t)
+	p.SetAppliersStall(3 * time.Second)
 	// Four followers, a work message each (one item a message).
 	var log []events.Record
 	for f := range domain.UserID(4) {
@@ -575,9 +576,22 @@ func TestPlannerWaitsForTheAppliers(t *testing.T) {
 	}
 	assert.LessOrEqual(t, pending(), uint64(2))
 
-	// And a planner without PendingWork does not wait for work nobody applies.
+	// With the appliers stopped, it waits for them only as long as the stall
+	// time: a shutdown stops them before the planner's batch ends.
 	stop()
 	require.NoError(t, <-ran)
+	p.SetAppliersStall(300 * time.Millisecond)
+	var stalled []events.Record
+	for f := range domain.UserID(4) {
+		stalled = append(stalled, events.Record{Seq: uint64(len(log) + len(stalled) + 1), Event: events.UserFollowed{FollowerID: 30 + f, FolloweeID: 100}})
+	}
+	log = append(log, stalled...)
+	start := time.Now()
+	require.NoError(t, p.Apply(ctx, stalled))
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "it waited for the appliers")
+	assert.Greater(t, pending(), uint64(2))
+
+	// And a planner without PendingWork does not wait for work nobody applies.
 	rig.pcfg.PendingWork = 0
 	q := rig.planner(t)
 	more := []events.Record{}
