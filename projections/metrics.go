@@ -19,6 +19,7 @@ type Metrics struct {
 	failures    *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
 	merged      *prometheus.CounterVec
+	stages      *prometheus.HistogramVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -60,8 +61,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "feed_projector_follow_events_merged_total",
 			Help: "Follow/unfollow events not applied: collapsed into a later event of the same pair in a batch, or dropped as no change.",
 		}, []string{"projector", "how"}),
+		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "feed_projector_stage_seconds",
+			Help:    "Time a batch spent in each stage of a projector that reports them (the feed planner: lock, read, changes, plan, publish, position, wait).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}, []string{"projector", "stage"}),
 	}
-	reg.MustRegister(m.positionG, m.lagG, m.eventsC, m.batchTime, m.delay, m.failures, m.deadLetters, m.merged)
+	reg.MustRegister(m.positionG, m.lagG, m.eventsC, m.batchTime, m.delay, m.failures, m.deadLetters, m.merged, m.stages)
 	return m
 }
 
@@ -105,6 +111,13 @@ func (m *Metrics) delayed(p string, recs []events.Record) {
 func (m *Metrics) Delayed(p string, at time.Time) {
 	if m != nil && !at.IsZero() {
 		m.delay.WithLabelValues(p).Observe(time.Since(at).Seconds())
+	}
+}
+
+// Staged records that a batch of p spent took in stage.
+func (m *Metrics) Staged(p, stage string, took time.Duration) {
+	if m != nil {
+		m.stages.WithLabelValues(p, stage).Observe(took.Seconds())
 	}
 }
 

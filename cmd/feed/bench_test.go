@@ -110,11 +110,17 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 	}
 	assert.Positive(t, s.FanoutRate)
 	assert.Zero(t, s.Errors)
+	var stages []string
+	for _, st := range s.Fanout.Stages {
+		stages = append(stages, st.Name)
+	}
+	assert.Equal(t, []string{"lock", "read", "changes", "plan", "publish", "position", "wait"}, stages,
+		"the planner's stages, from the service's feed_projector_stage_seconds")
 
 	report, err := os.ReadFile(filepath.Join(out, "report.md"))
 	require.NoError(t, err)
 	for _, section := range []string{"## Raw limits", "## Commands", "## Feed freshness", "## `GET /feed`",
-		"## Projectors", "## Resources", "## The service against the raw limits", "## Targets"} {
+		"## Projectors", "Where a planner batch's time went", "## Resources", "## The service against the raw limits", "## Targets"} {
 		assert.Contains(t, string(report), section)
 	}
 	assert.Contains(t, stdout.String(), "## Targets", "the report is printed too")

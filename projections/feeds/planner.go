@@ -282,11 +282,25 @@ func (w *work) add(it Item, partitions int) {
 // outboxes are idempotent and its work is guarded by sequence at the inboxes, so
 // a batch applied again after a crash changes nothing twice.
 func (p *Planner) Apply(ctx context.Context, batch []events.Record) error {
-	if err := p.apply(ctx, batch); err != nil {
+	lap := p.stopwatch()
+	if err := p.apply(ctx, batch, lap); err != nil {
 		return err
 	}
 	p.awaitAppliers(ctx)
+	lap("wait")
 	return nil
+}
+
+// stopwatch returns a function that records, under stage, the time since it
+// was last called (or since stopwatch), as the planner's stage metric: where
+// a batch's time goes, as the bench reports it.
+func (p *Planner) stopwatch() func(stage string) {
+	last := time.Now()
+	return func(stage string) {
+		now := time.Now()
+		p.metrics.Staged(PlannerName, stage, now.Sub(last))
+		last = now
+	}
 }
 
 // appliersStall is how long the planner waits for the appliers while they
@@ -343,10 +357,11 @@ func (p *Planner) awaitAppliers(ctx context.Context) {
 	}
 }
 
-// apply is Apply but for the wait.
-func (p *Planner) apply(ctx context.Context, batch []events.Record) error {
+// apply is Apply but for the wait; lap times its stages.
+func (p *Planner) apply(ctx context.Context, batch []events.Record, lap func(string)) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	lap("lock")
 	// The planner's state and the graph facts of the whole batch in one round
 	// trip: every event is new but after a rewind or a crash, when the facts
 	// are read again for the events that are.
@@ -355,6 +370,7 @@ func (p *Planner) apply(ctx context.Context, batch []events.Record) error {
 	merged := projections.MergeFollows(batch)
 	facts := p.store.queueFacts(ctx, pipe, followPairs(merged.Records))
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
+	lap("read")
 	cp, _, active, err := state.result()
 	if err != nil {
 		return err
@@ -392,17 +408,20 @@ func (p *Planner) apply(ctx context.Context, batch []events.Record) error {
 	if p.beforePlan != nil {
 		p.beforePlan()
 	}
-	w, err := p.planBatch(ctx, merged.Records, f)
+	w, err := p.planBatch(ctx, merged.Records, f, lap)
 	if err != nil {
 		return err
 	}
 	w.occurred = oldestOccurrence(fresh)
+	lap("plan")
 	if err := p.publish(ctx, w, fresh[0].Seq, fresh[len(fresh)-1].Seq); err != nil {
 		return err
 	}
+	lap("publish")
 	if err := p.store.advancePlannerPosition(ctx, cp, fresh[len(fresh)-1].Seq, w.bigChanges); err != nil {
 		return err
 	}
+	lap("position")
 	p.applied = fresh[len(fresh)-1].Seq
 	return nil
 }
@@ -417,7 +436,10 @@ func (p *Planner) apply(ctx context.Context, batch []events.Record) error {
 // (graphChanges). When each follow was a round trip of its own, a batch of
 // 2 000 events with 85 follows took 2.5 s under load, every round trip
 // waiting for the appliers' scripts.
-func (p *Planner) planBatch(ctx context.Context, recs []events.Record, facts *graphFacts) (*work, error) {
+//
+// lap times its round trip ("changes", with what came before it since the
+// first round trip) apart from the work's making ("plan").
+func (p *Planner) planBatch(ctx context.Context, recs []events.Record, facts *graphFacts, lap func(string)) (*work, error) {
 	w := p.newWork()
 	w.big = facts.big
 	g := p.store.newGraphChanges(ctx)
@@ -444,6 +466,7 @@ func (p *Planner) planBatch(ctx context.Context, recs []events.Record, facts *gr
 	if err := g.exec(); err != nil {
 		return nil, err
 	}
+	lap("changes")
 	if err := p.checkState(state.result()); err != nil {
 		return nil, err
 	}

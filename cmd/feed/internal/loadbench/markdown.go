@@ -134,6 +134,16 @@ func (r *Report) mdProjectors(b *strings.Builder, s Summary) {
 			"it published %.0f work messages/s (about %.0f inbox writes each, if it kept up), of which at most %.0f (%.0f at the end) "+
 			"waited for the appliers.", f.PlannerLagMax, f.PlannerLagEnd, f.MessagesPerSec, perMsg, f.BacklogMax, f.BacklogEnd)
 	}
+	if stages := s.Fanout.Stages; len(stages) > 0 {
+		parts := make([]string, len(stages))
+		for i, st := range stages {
+			parts[i] = st.Name + " " + fmtDuration(st.Mean)
+		}
+		fmt.Fprintf(b, "\n\nWhere a planner batch's time went, mean per batch (`feed_projector_stage_seconds`): %s. "+
+			"*lock* waits for warm-ups; *read* is the planner's state and the batch's graph facts, one round trip; *changes* "+
+			"the graph and outbox changes with the followers read, one round trip; *plan* making the work; *publish* until "+
+			"the log stored it; *position* storing the planner's; *wait* for the appliers.", strings.Join(parts, ", "))
+	}
 	b.WriteString("\n")
 	if r.DrainError != "" {
 		fmt.Fprintf(b, "\nAfter the mixed phase the projectors did **not** catch up: %s.\n\n", r.DrainError)

@@ -128,7 +128,20 @@ type FanoutSummary struct {
 	PlannerLagMax, PlannerLagEnd float64
 	MessagesPerSec               float64 // published
 	BacklogMax, BacklogEnd       float64 // messages not yet applied
+	// Stages is where the planner's batches spent their time (the service's
+	// feed_projector_stage_seconds over the mixed phase), in order.
+	Stages []StageSummary
 }
+
+// StageSummary is the mean time a batch spent in one stage of the planner.
+type StageSummary struct {
+	Name string
+	Mean time.Duration
+}
+
+// plannerStages are the feed planner's stages in a batch's order (see
+// feeds.Planner.Apply).
+var plannerStages = []string{"lock", "read", "changes", "plan", "publish", "position", "wait"}
 
 // ResourceSummary is one resource at the mixed phase's start and end.
 type ResourceSummary struct {
@@ -382,6 +395,18 @@ func (r *Report) fanoutSummary() FanoutSummary {
 		f.BacklogMax = max(f.BacklogMax, s.FanoutBacklog)
 		f.MessagesPerSec += s.FanoutRate / float64(len(mixed))
 		f.PlannerLagEnd, f.BacklogEnd = s.PlannerLag, s.FanoutBacklog
+	}
+	if before, after := r.Mixed.before, r.Mixed.after; before != nil && after != nil {
+		const family = "feed_projector_stage_seconds"
+		for _, st := range plannerStages {
+			labels := []string{"projector", "feeds", "stage", st}
+			n := after.sum(family, labels...) - before.sum(family, labels...)
+			if n <= 0 {
+				continue
+			}
+			secs := after.histSum(family, labels...) - before.histSum(family, labels...)
+			f.Stages = append(f.Stages, StageSummary{Name: st, Mean: time.Duration(secs / n * float64(time.Second))})
+		}
 	}
 	return f
 }
