@@ -1453,7 +1453,10 @@ func TestApplyItemsRunsAgainstModel(t *testing.T) {
 						seq++
 						items = []feeds.Item{merge(seq, base, post(), post())}
 					default:
-						for range 2 + rng.IntN(3) {
+						// Runs of 2 to 8: longer than a segment of 3 or 4
+						// (a head of their own, up to twice a segment), and
+						// longer than that (the general way).
+						for range 2 + rng.IntN(7) {
 							seq++
 							items = append(items, push(seq, post()))
 						}

@@ -733,12 +733,17 @@ local function run(it)
   if not parse(lay) or h == 0 then return nil end
   hc, life = nil, nil
   local n = rcall('ZCARD', seg(h))
-  -- A head that is new or emptied needs its TTL: the general way.
-  if n == 0 or k > S then return nil end
+  -- A head that is new or emptied needs its TTL: the general way. So does
+  -- a run longer than L, the most a head holds.
+  if n == 0 or k > L then return nil end
   -- A head without room for the run: a new head takes it all if every post
   -- is newer than the head's newest (the general way fills the old head
   -- first; an emptier head is no less a segment), its lower bound above
-  -- that newest.
+  -- that newest. A run longer than S takes a head of its own this way, up
+  -- to L posts (the general way would cut it into heads of S): a planner
+  -- behind the log makes batches whose runs are longer than S, and sending
+  -- those the general way made each of them dearer just when the appliers
+  -- were behind.
   local top
   if n + k > S then
     top = tonumber(rcall('ZRANGE', seg(h), '0', '0')[1])
