@@ -149,7 +149,7 @@ func TestPushIntoExpiredInbox(t *testing.T) {
 	w.emit(t, follow(a, b))
 	older := []domain.PostID{w.post(t, b), w.post(t, b)}
 	w.materialise(t, a)
-	require.NoError(t, w.rdb.Del(context.Background(), fmt.Sprintf("feed:v1:{%d}:ix", a)).Err()) // expired
+	require.NoError(t, w.rdb.Del(context.Background(), fmt.Sprintf("feed:v1:{%d}:iy", a)).Err()) // expired
 	w.post(t, b)
 	w.settle(t)
 	_, _, _, ok, err := w.store.Inbox(context.Background(), a)

@@ -309,7 +309,7 @@ func (m *model) step() {
 		m.w.page(m.t, a, "")
 	default:
 		// An inbox expires.
-		require.NoError(m.t, m.w.rdb.Del(ctx, fmt.Sprintf("feed:v1:{%d}:ix", a)).Err())
+		require.NoError(m.t, m.w.rdb.Del(ctx, fmt.Sprintf("feed:v1:{%d}:iy", a)).Err())
 	}
 }
 

@@ -15,15 +15,17 @@
 //	feed:version          string: the keyspace version in use (absent: 1).
 //	feed:rebuild          hash: the rebuild in progress (its version, the old).
 //	feed:rebuild:lock     string: held by the running rebuild, with a lease.
-//	<p>{<uid>}:ix         inbox meta zset: "f" scored -(floor+1): the inbox is
+//	<p>{<uid>}:iy         inbox meta zset: "f" scored -(floor+1): the inbox is
 //	                      exactly the feed's posts with id >= floor; "s" scored
-//	                      -(seq+1): the log sequence of the last work item
-//	                      applied; "b" scored -(b+1): the head's lower bound;
-//	                      the layout "<g>:<h>/<r>/<t>" scored 0. Expires
-//	                      unless read. (Inboxes of earlier builds: <p>{<uid>}:in,
-//	                      oldest first, and <p>{<uid>}:ix with the posts in it:
-//	                      no longer read, they expire or are deleted.)
-//	<p>{<uid>}:ix:<g>:<k> inbox segment k (t <= k <= h) of generation g: post ids
+//	                      2seq-2^54: a log sequence, at least that of the last
+//	                      work item that took anything out, at most that of
+//	                      the last applied; "b" scored -(b+1): the head's lower
+//	                      bound; the layout "<g>:<h>/<r>/<t>" scored 0; in a
+//	                      small inbox "m" and its posts. Expires unless read.
+//	                      (Inboxes of earlier builds, no longer read, expire:
+//	                      <p>{<uid>}:in, oldest first; <p>{<uid>}:ix, with
+//	                      "s" scored -(seq+1), with its segments or without.)
+//	<p>{<uid>}:iy:<g>:<k> inbox segment k (t <= k <= h) of generation g: post ids
 //	                      scored by 2^53 minus themselves, newest first, each
 //	                      segment newer than those below it (see apply.lua).
 //	                      Expires a second after the meta.

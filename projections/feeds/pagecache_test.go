@@ -58,14 +58,14 @@ func TestPageCacheSeesEveryChange(t *testing.T) {
 	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
 	require.NoError(t, err)
 	require.NoError(t, s.AddToOutbox(ctx, carol, 25))
-	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:ix", 5*time.Second).Err())
+	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:iy", 5*time.Second).Err())
 
 	want := feeds.Page{Materialised: true, Posts: ids(20, 10)}
 	assert.Equal(t, want, cachedPage(t, c))
 	assert.Equal(t, want, cachedPage(t, c))
 	assert.Equal(t, 1, c.Lookups("miss"))
 	assert.Equal(t, 1, c.Lookups("hit"))
-	ttl, err := rdb.PTTL(ctx, "feed:v1:{1}:ix").Result()
+	ttl, err := rdb.PTTL(ctx, "feed:v1:{1}:iy").Result()
 	require.NoError(t, err)
 	assert.InDelta(t, time.Hour, ttl, float64(time.Minute), "a read refreshes the inbox's TTL")
 
@@ -102,6 +102,38 @@ func TestPageCacheSeesEveryChange(t *testing.T) {
 	require.NoError(t, rdb.FlushAll(ctx).Err())
 	require.NoError(t, c.Sync(ctx))
 	assert.Equal(t, feeds.Page{}, cachedPage(t, c))
+}
+
+// TestPageCacheSeesPushesIntoSegments: a push into the head segment of an
+// inbox, on its own or in a run, changes no key a page read names but the
+// meta; it must still reach the cache (apply.lua changes the meta with it).
+func TestPageCacheSeesPushesIntoSegments(t *testing.T) {
+	t.Parallel()
+	s, c, rdb := newPageCache(t, feeds.Config{InboxCap: 8, SegmentSize: 5, TTL: time.Hour})
+	ctx := t.Context()
+	// Segments {10 .. 50} and {60}: the head has room for three.
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
+	require.NoError(t, err)
+	keys, err := s.InboxKeys(ctx, alice)
+	require.NoError(t, err)
+	require.Len(t, keys, 3, "a meta and two segments")
+	heads, err := rdb.ZCard(ctx, keys[1]).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), heads)
+
+	assert.Equal(t, ids(60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts)
+	_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 70)})
+	require.NoError(t, err)
+	require.NoError(t, c.Sync(ctx))
+	assert.Equal(t, ids(70, 60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts, "after a lone push into the head")
+
+	_, err = s.ApplyItems(ctx, []feeds.Item{push(3, 80), push(4, 90)})
+	require.NoError(t, err)
+	require.NoError(t, c.Sync(ctx))
+	assert.Equal(t, ids(90, 80, 70, 60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts, "after a run into the head")
+	keys, err = s.InboxKeys(ctx, alice)
+	require.NoError(t, err)
+	assert.Len(t, keys, 3, "both went into the head")
 }
 
 // TestPageCacheDoesNotKeepAReadOvertakenByAChange: a page whose key changes

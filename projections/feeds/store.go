@@ -61,7 +61,7 @@ const (
 	stBigKey         = "big"
 	stWarmKey        = "warm"
 	stPlannerPosKey  = "planner:pos"
-	stInboxSuffix    = "ix"
+	stInboxSuffix    = "iy"
 	stOutboxSuffix   = "out"
 	stFollowerSuffix = "fol"
 	stFollowsSuffix  = "fng"
@@ -247,8 +247,8 @@ func stCheckItem(it Item) error {
 		return fmt.Errorf("unknown op %d: %w", it.Op, domain.ErrInvalid)
 	case (it.Op == OpPush || it.Op == OpRemove) && len(it.Posts) != 1:
 		return fmt.Errorf("%s carries %d posts, not one: %w", it.Op, len(it.Posts), domain.ErrInvalid)
-	case it.Seq >= domain.MaxID:
-		return fmt.Errorf("seq %d is not below 2^53: %w", it.Seq, domain.ErrInvalid)
+	case it.Seq > stMaxSeq:
+		return fmt.Errorf("seq %d is above 2^52-2: %w", it.Seq, domain.ErrInvalid)
 	case it.Floor < 0 || it.Floor >= domain.MaxID:
 		return fmt.Errorf("floor %d outside [0, 2^53): %w", it.Floor, domain.ErrInvalid)
 	}
@@ -958,7 +958,7 @@ func stInboxPage(what string, cmd *redis.Cmd) (page inboxPage, ok bool, err erro
 		return inboxPage{}, false, fmt.Errorf("%s: unexpected answer %v", what, vals)
 	}
 	page.members = make([]string, len(vals)-2)
-	specials := [2]int64{}
+	specials := [2]float64{}
 	for i, v := range vals {
 		m, isString := v.(string)
 		if !isString {
@@ -972,9 +972,9 @@ func stInboxPage(what string, cmd *redis.Cmd) (page inboxPage, ok bool, err erro
 		if err != nil {
 			return inboxPage{}, false, fmt.Errorf("%s: special score %q: %w", what, m, err)
 		}
-		specials[i] = stSpecial(sc)
+		specials[i] = sc
 	}
-	page.floor, page.seq = specials[0], uint64(specials[1])
+	page.floor, page.seq = stSpecial(specials[0]), stSeqOf(specials[1])
 	return page, true, nil
 }
 
@@ -1197,6 +1197,13 @@ func (s *Store) CheckEviction(ctx context.Context) (evicts bool, policy string, 
 
 // stSpecial decodes a special member's score -(v+1).
 func stSpecial(score float64) int64 { return -int64(score) - 1 }
+
+// stMaxSeq is the highest log sequence an inbox takes: its "s" is scored
+// 2seq - 2^54, below its "m" at -(2^53+2) (see apply.lua).
+const stMaxSeq = 1<<52 - 2
+
+// stSeqOf is the log sequence of an inbox's "s" score.
+func stSeqOf(score float64) uint64 { return uint64((int64(score) + 1<<54) / 2) }
 
 func stParsePost(m string) (domain.PostID, error) {
 	p, err := strconv.ParseInt(m, 10, 64)

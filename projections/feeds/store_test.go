@@ -84,7 +84,7 @@ func checkSegments(t *testing.T, rdb *redis.Client, user domain.UserID, size, li
 	size = min(size, limit)
 	most := min(2*size, limit)
 	ctx := t.Context()
-	meta := "feed:v1:{" + strconv.Itoa(int(user)) + "}:ix"
+	meta := "feed:v1:{" + strconv.Itoa(int(user)) + "}:iy"
 	sc, err := rdb.ZMScore(ctx, meta, "f", "b").Result()
 	require.NoError(t, err)
 	special := func(v float64) int64 { return -int64(v) - 1 }
@@ -265,11 +265,11 @@ func TestApplyItems(t *testing.T) {
 			then:        inboxState{ids(30, 20, 10), 0, 11, true},
 		},
 		{
-			name:        "a lone push whose seq is above its post id is added",
+			name:        "a lone push whose seq is above its post id is added, and leaves the seq",
 			given:       []feeds.Item{materialise(100, 0, 10)},
 			when:        []feeds.Item{push(101, 50)},
 			wantApplied: 1,
-			then:        inboxState{ids(50, 10), 0, 101, true},
+			then:        inboxState{ids(50, 10), 0, 100, true},
 		},
 		{
 			name:        "a lone push whose seq is above its post id is still kept below the floor",
@@ -286,11 +286,11 @@ func TestApplyItems(t *testing.T) {
 			then:        inboxState{ids(20, 10), 0, 11, true},
 		},
 		{
-			name:        "a lone push into a small inbox with room",
+			name:        "a lone push into a small inbox with room only adds its post",
 			given:       []feeds.Item{materialise(10, 0, big(10))},
 			when:        []feeds.Item{push(11, big(20))},
 			wantApplied: 1,
-			then:        inboxState{ids(big(20), big(10)), 0, 11, true},
+			then:        inboxState{ids(big(20), big(10)), 0, 10, true},
 		},
 		{
 			name:        "a lone push redelivered after its post was removed is a no-op",
@@ -300,11 +300,11 @@ func TestApplyItems(t *testing.T) {
 			then:        inboxState{ids(big(10)), 0, 12, true},
 		},
 		{
-			name:        "a lone push of a post the inbox has is applied",
+			name:        "a lone push of a post the inbox has changes nothing",
 			given:       []feeds.Item{materialise(10, 0, big(10), big(20))},
 			when:        []feeds.Item{push(11, big(20))},
-			wantApplied: 1,
-			then:        inboxState{ids(big(20), big(10)), 0, 11, true},
+			wantApplied: 0,
+			then:        inboxState{ids(big(20), big(10)), 0, 10, true},
 		},
 		{
 			name:        "a lone push below the floor of a small inbox",
@@ -407,11 +407,11 @@ func TestApplyItems(t *testing.T) {
 			then:        inboxState{ids(12), 0, 9, true},
 		},
 		{
-			name:        "53-bit ids and sequences survive exactly",
-			given:       []feeds.Item{materialise(domain.MaxID-10, domain.MaxID-9, domain.MaxID-9, domain.MaxID-8)},
-			when:        []feeds.Item{push(domain.MaxID-2, domain.MaxID-1), push(domain.MaxID-1, domain.MaxID-3)},
+			name:        "53-bit ids and the highest sequences survive exactly",
+			given:       []feeds.Item{materialise(maxSeq-10, domain.MaxID-9, domain.MaxID-9, domain.MaxID-8)},
+			when:        []feeds.Item{push(maxSeq-1, domain.MaxID-1), push(maxSeq, domain.MaxID-3)},
 			wantApplied: 2,
-			then:        inboxState{ids(domain.MaxID-1, domain.MaxID-3, domain.MaxID-8, domain.MaxID-9), domain.MaxID - 9, domain.MaxID - 1, true},
+			then:        inboxState{ids(domain.MaxID-1, domain.MaxID-3, domain.MaxID-8, domain.MaxID-9), domain.MaxID - 9, maxSeq, true},
 		},
 	}
 	for _, tc := range cases {
@@ -459,6 +459,11 @@ func TestApplyItemsAcrossSegments(t *testing.T) {
 			name: "a lone push below the head's bound goes into place",
 			when: [][]feeds.Item{{push(2, 35)}},
 			then: inboxState{ids(60, 50, 40, 35, 30, 20, 10), 0, 2, true},
+		},
+		{
+			name: "a lone push into the head sent again after its post was removed stays out",
+			when: [][]feeds.Item{{remove(2, 60)}, {push(3, 70)}, {remove(4, 70)}, {push(3, 70)}},
+			then: inboxState{ids(50, 40, 30, 20, 10), 0, 4, true},
 		},
 		{
 			name: "lone pushes fill new heads and empty the tail",
@@ -542,7 +547,7 @@ func TestApplyItemsAcrossSegments(t *testing.T) {
 	t.Run("an inbox of the unsegmented layout is made anew", func(t *testing.T) {
 		ctx := t.Context()
 		require.NoError(t, rdb.FlushDB(ctx).Err())
-		key := "feed:v1:{1}:ix"
+		key := "feed:v1:{1}:iy"
 		require.NoError(t, rdb.ZAdd(ctx, key, redis.Z{Score: -1, Member: "f"}, redis.Z{Score: -3, Member: "s"},
 			redis.Z{Score: float64(domain.MaxID - 10), Member: "10"}).Err())
 		assert.Equal(t, inboxState{}, readInbox(t, s, alice), "not materialised")
@@ -609,6 +614,7 @@ func TestApplyItemsRejectsInvalidItemsBeforeWriting(t *testing.T) {
 		"no recipient":        {Seq: 2, Op: feeds.OpPush, Posts: ids(5)},
 		"post out of range":   {Recipient: alice, Seq: 2, Op: feeds.OpPush, Posts: ids(domain.MaxID)},
 		"negative floor":      {Recipient: alice, Seq: 2, Op: feeds.OpMerge, Floor: -1},
+		"seq out of range":    {Recipient: alice, Seq: maxSeq + 1, Op: feeds.OpPush, Posts: ids(5)},
 	} {
 		applied, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10), bad})
 		require.ErrorIs(t, err, domain.ErrInvalid, name)
@@ -734,7 +740,7 @@ func TestPage(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, got.Materialised)
 		assert.Empty(t, got.Posts)
-		n, err := rdb.Exists(ctx, "feed:v1:{2}:ix").Result()
+		n, err := rdb.Exists(ctx, "feed:v1:{2}:iy").Result()
 		require.NoError(t, err)
 		assert.Zero(t, n, "reading must not create an inbox")
 	})
@@ -755,25 +761,25 @@ func TestPageRefreshesTTL(t *testing.T) {
 	ctx := t.Context()
 	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10)})
 	require.NoError(t, err)
-	ttl, err := rdb.PTTL(ctx, "feed:v1:{1}:ix").Result()
+	ttl, err := rdb.PTTL(ctx, "feed:v1:{1}:iy").Result()
 	require.NoError(t, err)
 	assert.InDelta(t, time.Hour, ttl, float64(time.Minute), "materialise sets the TTL")
 
 	// Given an inbox about to expire
-	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:ix", 5*time.Second).Err())
+	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:iy", 5*time.Second).Err())
 	// When it is read
 	_, err = s.Page(ctx, alice, nil, 0, 10)
 	require.NoError(t, err)
 	// Then it lives for the TTL again
-	ttl, err = rdb.PTTL(ctx, "feed:v1:{1}:ix").Result()
+	ttl, err = rdb.PTTL(ctx, "feed:v1:{1}:iy").Result()
 	require.NoError(t, err)
 	assert.InDelta(t, time.Hour, ttl, float64(time.Minute))
 
 	// And pushes do not refresh it
-	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:ix", 5*time.Second).Err())
+	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:iy", 5*time.Second).Err())
 	_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 20)})
 	require.NoError(t, err)
-	ttl, err = rdb.PTTL(ctx, "feed:v1:{1}:ix").Result()
+	ttl, err = rdb.PTTL(ctx, "feed:v1:{1}:iy").Result()
 	require.NoError(t, err)
 	assert.LessOrEqual(t, ttl, 5*time.Second)
 }
@@ -864,12 +870,29 @@ func TestFollowsBigAccountsAndPosition(t *testing.T) {
 }
 
 // inboxModel is the reference for an inbox: the work items' semantics as
-// stated, with "add, then trim to the cap".
+// stated, with "add, then trim to the cap". seq is the last item applied;
+// taken, the last that took anything out or made the inbox anew. An inbox's
+// seq lies between them: an item that only adds its posts need not record
+// its own (see apply.lua's "s").
 type inboxModel struct {
 	exists bool
 	posts  map[domain.PostID]bool
 	floor  int64
 	seq    uint64
+	taken  uint64
+}
+
+// requireInbox fails unless got is the model's inbox, its seq between the
+// model's taken and seq.
+func requireInbox(t *testing.T, m *inboxModel, got inboxState, msgAndArgs ...any) {
+	t.Helper()
+	want := m.state()
+	if m.exists {
+		require.GreaterOrEqual(t, got.seq, m.taken, msgAndArgs...)
+		require.LessOrEqual(t, got.seq, m.seq, msgAndArgs...)
+		want.seq = got.seq
+	}
+	require.Equal(t, want, got, msgAndArgs...)
 }
 
 func (m *inboxModel) trim(limit int) {
@@ -890,10 +913,12 @@ func (m *inboxModel) trim(limit int) {
 }
 
 // trimOver trims the inbox to limit if it holds more than limit + slack, as
-// apply.lua trims an inbox (slack is its segment size).
+// apply.lua trims an inbox (slack is its segment size), and records the seq
+// of the item that made it.
 func (m *inboxModel) trimOver(limit, slack int) {
 	if len(m.posts) > limit+slack {
 		m.trim(limit)
+		m.taken = m.seq
 	}
 }
 
@@ -939,7 +964,7 @@ func (m *inboxModel) applyAll(items []feeds.Item, limit, size int) {
 func (m *inboxModel) apply(it feeds.Item, limit, slack int) {
 	if it.Op == feeds.OpMaterialise {
 		if !m.exists {
-			*m = inboxModel{exists: true, posts: map[domain.PostID]bool{}, floor: it.Floor, seq: it.Seq}
+			*m = inboxModel{exists: true, posts: map[domain.PostID]bool{}, floor: it.Floor, seq: it.Seq, taken: it.Seq}
 			m.add(it.Posts)
 			m.trim(limit)
 		}
@@ -949,6 +974,9 @@ func (m *inboxModel) apply(it feeds.Item, limit, slack int) {
 		return
 	}
 	m.seq = it.Seq
+	if it.Op != feeds.OpPush {
+		m.taken = it.Seq
+	}
 	switch it.Op {
 	case feeds.OpPush:
 		m.add(it.Posts)
@@ -997,6 +1025,10 @@ func TestApplyItemsAgainstModel(t *testing.T) {
 	}
 }
 
+// maxSeq is the highest log sequence an inbox takes (its "s" is scored
+// 2seq-2^54, below "m", in apply.lua).
+const maxSeq = 1<<52 - 2
+
 // bigIDs is where the post ids of tests that want them above every sequence
 // start (real ids are 49-bit and more).
 const bigIDs = 1 << 40
@@ -1005,7 +1037,15 @@ const bigIDs = 1 << 40
 // recipient gets at most one item a log sequence (the sequence's event's
 // effect on its inbox), so an item at a sequence that already has one, a
 // redelivery or an older item, is that one again (see apply.lua's lone push).
+// The planner sends a recipient its items in log order, and sends an older
+// one only again: a test makes an item older than the newest only where has
+// says one was sent.
 type sentItems map[[2]uint64]feeds.Item
+
+func (s sentItems) has(u domain.UserID, seq uint64) bool {
+	_, ok := s[[2]uint64{uint64(u), seq}]
+	return ok
+}
 
 func (s sentItems) item(it feeds.Item) feeds.Item {
 	k := [2]uint64{uint64(it.Recipient), it.Seq}
@@ -1056,7 +1096,7 @@ func testApplyItemsAgainstModel(t *testing.T, size int, base int64) {
 	sent := sentItems{}
 	for batch := range 300 {
 		if rng.IntN(40) == 0 {
-			require.NoError(t, rdb.Del(ctx, "feed:v1:{1}:ix").Err()) // it expired
+			require.NoError(t, rdb.Del(ctx, "feed:v1:{1}:iy").Err()) // it expired
 			model = inboxModel{}
 		}
 		items := make([]feeds.Item, 1+rng.IntN(6))
@@ -1071,7 +1111,7 @@ func testApplyItemsAgainstModel(t *testing.T, size int, base int64) {
 				seq++ // else a redelivery or an older item
 			}
 			itSeq := seq
-			if itSeq > 0 && rng.IntN(2) == 0 {
+			if itSeq > 0 && rng.IntN(2) == 0 && sent.has(alice, itSeq-1) {
 				itSeq--
 			}
 			floor := base + rng.Int64N(30)
@@ -1096,7 +1136,7 @@ func testApplyItemsAgainstModel(t *testing.T, size int, base int64) {
 		model.applyAll(items, limit, size)
 		_, err := s.ApplyItems(ctx, items)
 		require.NoError(t, err)
-		require.Equal(t, model.state(), readInbox(t, s, alice), "batch %d: %v", batch, items)
+		requireInbox(t, &model, readInbox(t, s, alice), "batch %d: %v", batch, items)
 		checkSegments(t, rdb, alice, size, limit, "batch %d: %v", batch, items)
 	}
 }
@@ -1143,7 +1183,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 			return ps
 		}
 		sent := sentItems{}
-		key := func(u domain.UserID) string { return "feed:v1:{" + strconv.Itoa(int(u)) + "}:ix" }
+		key := func(u domain.UserID) string { return "feed:v1:{" + strconv.Itoa(int(u)) + "}:iy" }
 		models := make([]inboxModel, users+1)
 		var seq uint64
 		for batch := range 150 {
@@ -1174,7 +1214,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 				u := domain.UserID(1 + rng.IntN(users))
 				floor := run.base + rng.Int64N(30)
 				it := feeds.Item{Recipient: u, Seq: seq, Floor: floor}
-				if rng.IntN(4) == 0 {
+				if rng.IntN(4) == 0 && sent.has(u, seq-1) {
 					it.Seq-- // a redelivery or an older item
 				}
 				switch rng.IntN(6) {
@@ -1206,7 +1246,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 			_, err := s.ApplyItems(ctx, items)
 			require.NoError(t, err)
 			for u := domain.UserID(1); u <= users; u++ {
-				require.Equal(t, models[u].state(), readInbox(t, s, u), "%s: batch %d, user %d", name, batch, u)
+				requireInbox(t, &models[u], readInbox(t, s, u), "%s: batch %d, user %d", name, batch, u)
 				checkSegments(t, single, u, run.size, limit, "%s: batch %d, user %d", name, batch, u)
 			}
 		}
@@ -1462,13 +1502,13 @@ func TestApplyItemsRunsAgainstModel(t *testing.T) {
 						}
 					}
 					if rng.IntN(80) == 0 {
-						require.NoError(t, rdb.Del(ctx, "feed:v1:{1}:ix").Err()) // it expired
+						require.NoError(t, rdb.Del(ctx, "feed:v1:{1}:iy").Err()) // it expired
 						model = inboxModel{}
 					}
 					model.applyAll(items, limit, size)
 					_, err := s.ApplyItems(ctx, items)
 					require.NoError(t, err)
-					require.Equal(t, model.state(), readInbox(t, s, alice), "round %d: %v", round, items)
+					requireInbox(t, &model, readInbox(t, s, alice), "round %d: %v", round, items)
 					checkSegments(t, rdb, alice, size, limit, "round %d: %v", round, items)
 					sent = append(sent, items)
 				}

@@ -10,7 +10,7 @@
 -- What a call is given and finds lives in this file's locals too, set at
 -- the start of each call (Redis runs one call at a time).
 --
--- KEYS[1..k] the recipients' inboxes (their meta keys), feed:v<N>:{<uid>}:ix
+-- KEYS[1..k] the recipients' inboxes (their meta keys), feed:v<N>:{<uid>}:iy
 -- ARGV[1]    the inbox cap (posts kept; see most below)
 -- ARGV[2]    the inbox TTL in milliseconds (set when materialising)
 -- ARGV[3]    S, the segment size (see below)
@@ -41,7 +41,7 @@
 --
 -- A small inbox, of at most S posts, keeps them in its meta, as the one
 -- segment 0 (h = t = 0): a lone push into it is three commands on one key,
--- two thirds of what a push through the meta into a segment of its own
+-- three quarters of what a push through the meta into a segment of its own
 -- costs Redis. When a post would make it more than S, its posts move as they
 -- are into segment 1, the head from then on; a rewrite with S or fewer puts
 -- them back.
@@ -49,8 +49,21 @@
 -- The meta zset holds these four members (five for a small inbox), and the
 -- posts of segment 0:
 -- "f" = -(floor+1), the inbox is exactly the feed's posts with id >= floor;
--- "s" = -(seq+1), the log sequence of the last item applied. An item whose seq
---       is not above it was applied before and is skipped;
+-- "s" = 2seq - 2^54, a log sequence: an item whose seq is not above it was
+--       applied before, or comes from before what the inbox reflects, and
+--       is skipped. Every item that takes anything out of the inbox or
+--       makes it anew (a remove, unmerge, reconcile, materialise, trim,
+--       rewrite) sets it to its own seq; a push that only adds its post
+--       where it belongs need not. A push again, of a post still there,
+--       changes nothing; one whose post has gone since went by one of those,
+--       which set "s" above it. So "s" is at least the seq of the last item
+--       that took anything out, at most that of the last item applied. A
+--       lone push into a small inbox (see lone) leaves it: it pays a count,
+--       not the rewrite of "s" (Redis deletes and inserts a member whose
+--       score changes), which cost it a fifth of its instructions. Every
+--       other change sets it, which changes the meta: readers' caches hear
+--       of an inbox's changes from its meta alone (see page.lua), and a
+--       push into a segment changes no other member of it;
 -- "b" = -(b+1), the head's lower bound: every post >= b belongs in segment h,
 --       every post below it in a lower one; b >= floor;
 -- "<g>:<h>/<r>/<t>", the layout, scored 0 (ZRANGEBYSCORE 0 0: the specials
@@ -64,14 +77,18 @@
 --       It is a member, not scores, because reading a score costs more than
 --       the push it serves: Redis formats each as a double, Lua parses it back.
 --       A push into the head reads only "<g>:<h>", the head's name, and r.
--- "m", scored -(2^53+2), below every other member, only in a small inbox's
---       meta: it marks it as small. (Not -inf: a listpack keeps that as
---       text, and each walk over the meta would parse it.)
--- "f", "b" and "s" are scored below every -(p+1) they are above, and "m"
--- below them all, so a count of the members under -(p+1) tells where post p
--- goes: 0, into the head of a segmented inbox; 1, into a small inbox ("m"),
--- or below the head of a segmented one ("b"); 2 ("f" and "b") or 3 (and
--- "m"), nowhere, below the floor. (A small inbox's b is its floor.)
+-- "m", scored -(2^53+2), only in a small inbox's meta: it marks it as small.
+--       (Not -inf: a listpack keeps that as text, and each walk over the
+--       meta would parse it.)
+-- So the scores lie in three bands: "s" at or below -(2^53+4) (seqs are
+-- below 2^52 - 1; even, so exact), "m" above it, and "f" and "b" from
+-- -2^53 up. "f" and "b" are scored below every -(p+1) they are above, so a
+-- count of the members from item q's "s" score to post p's -(p+1) (not
+-- included) counts "m" in a small inbox, "s" if q was applied before, and
+-- "f" and "b" if p is below them: 0, p goes into the head of a segmented
+-- inbox (or there is no inbox); 1, into a small inbox if it has "m" (else
+-- one of the others is counted); more, not simply. (A small inbox's b is
+-- its floor.)
 -- Only materialise creates an inbox; every other op on a missing inbox is
 -- skipped. A meta without a layout is an inbox of the unsegmented layout
 -- (its posts in it): it is deleted, and the next read materialises it anew.
@@ -127,6 +144,14 @@ local MARK = '-9007199254740994' -- "m"'s score, -(2^53+2)
 -- layout's 0), and it has SMALL members besides ("m", "f", "s", "b" and the
 -- layout).
 local POSTS, SMALL = '(0', 5
+-- "s"'s score for seq q, and the seq of "s"'s score x (a number).
+local SB = 18014398509481984 -- 2^54
+local function sScore(q)
+  return num(2 * q - SB)
+end
+local function seqOf(x)
+  return (x + SB) / 2
+end
 local scores, members
 local function score(p)
   local s = scores[p]
@@ -149,7 +174,9 @@ end
 -- afirst, alast, p}, where first .. last and afirst .. alast are the ARGV
 -- indices of its posts and allowed posts and p is its only post as a number
 -- (if it has one). A list that is a lone push has it as its field push, with
--- its post as a string in post, its score and "s"'s score after it.
+-- its post as a string in post, its score, and the bounds of the count that
+-- tells where it goes (see the meta above): lo, its "s" score, and under,
+-- -(p+1), excluded.
 --
 -- Reading them converts only what is used, and a number once: tonumber() of
 -- a string parses it twice (Lua checks that it is a number, then converts
@@ -186,13 +213,8 @@ local function readLists()
     if #list == 1 and list[1].op == 1 and list[1].p then
       list.push = list[1]
       local it = list[1]
-      it.post, it.score, it.s = ARGV[it.first], score(it.p), num(-(it.seq + 1))
-      -- The members scored below the post's -(p+1), once "s" is the item's:
-      -- "b" if the post belongs below the head, "f" if it is below the floor
-      -- (b >= floor), and "s" if the item's seq is above the post.
-      it.under = '(' .. num(-(it.p + 1))
-      it.sUnder = 0
-      if it.seq > it.p then it.sUnder = 1 end
+      it.post, it.score = ARGV[it.first], score(it.p)
+      it.lo, it.under = sScore(it.seq), '(' .. num(-(it.p + 1))
     end
     lists[l] = list
     i = i + 1
@@ -561,7 +583,7 @@ function load()
   end
   exists = true
   floor = -sc[1] - 1
-  seq = -sc[2] - 1
+  seq = seqOf(sc[2] + 0)
   b = -sc[3] - 1
   was = {f = floor, s = seq, b = b, lay = lay, small = h == 0}
 end
@@ -575,7 +597,7 @@ function save()
     was.f = floor
   end
   if was.s ~= seq then
-    args[n + 1], args[n + 2] = num(-(seq + 1)), 's'
+    args[n + 1], args[n + 2] = sScore(seq), 's'
     n = n + 2
     was.s = seq
   end
@@ -627,75 +649,55 @@ end
 -- It returns whether the push was applied.
 local function lone(it)
   -- Reading the specials' scores costs more than the add (Redis formats
-  -- each as a double, Lua parses it back). Where the post goes is a count of
-  -- the members scored under the post's -(p+1) (see the meta above). Into a
-  -- small inbox, three commands. Else "s" takes the item's seq at once if
-  -- the inbox exists and the seq is above its own (ZADD XX LT: scores are
-  -- -(seq+1)); if not, the push was applied before, or there is no inbox,
-  -- and nothing is done. (One ZRANGEBYSCORE of the members from -(p+1) up,
-  -- the layout last, costs more than the two reads.)
+  -- each as a double, Lua parses it back). Where the post goes is a count
+  -- (see the meta above): 1 and a small inbox with room, the post goes in,
+  -- three commands, and "s" stays; 0, into the head of a segmented inbox if
+  -- it has room.
   --
   -- A lone push is one post's fan-out: the only item of its seq for this
   -- recipient (the planner gives a recipient at most one item a log
   -- sequence, and materialise and reconcile, at the planner's position,
-  -- come after the items of that sequence). So a push at the inbox's own
-  -- seq is this one again, and its post is in the inbox unless below the
-  -- floor, as it was then.
-  local u = rcall('ZCOUNT', key, '-inf', it.under)
+  -- come after the items of that sequence).
+  local u = rcall('ZCOUNT', key, it.lo, it.under)
   if u == 1 then
-    -- "m" alone, if the meta holds more than the four members of a segmented
-    -- inbox's: a small inbox, the post at or above its floor, and "s" below
-    -- it. With room, "s" takes the item's seq (LT: if newer) and the post goes
-    -- in, in one command: both changed, the push is applied; neither, it was
-    -- applied before. Only one: either the post was there already (applied),
-    -- or the push was applied before and its post has gone since, which
-    -- "s" tells apart, and then it goes again.
+    -- "m" alone, if the meta holds more than the four members of a
+    -- segmented inbox's: a small inbox, the post at or above its floor, the
+    -- push not applied before.
     local n = rcall('ZCARD', key) - SMALL
     if n >= 0 and n < S then
-      local c = rcall('ZADD', key, 'LT', 'CH', it.s, 's', it.score, it.post)
-      if c == 2 then return true end
-      if c == 1 then
-        if tonumber(rcall('ZSCORE', key, 's')) == -(it.seq + 1) then return true end
-        rcall('ZREM', key, it.post)
-      end
+      -- Not added: there already, from this push before.
+      return rcall('ZADD', key, it.score, it.post) == 1
+    end
+  elseif u == 0 then
+    -- A segmented inbox (its meta has no posts, so its layout is last), the
+    -- post at or above its head's bound, the push not applied before; or
+    -- none.
+    local lay = rcall('ZRANGE', key, '-1', '-1')[1]
+    if not lay then return false end
+    local hs, rs = string.match(lay, '^(%d+:%d+)/(%d+)/')
+    if not hs then
+      -- The unsegmented layout: gone, as if it had expired.
+      rcall('DEL', key)
       return false
     end
+    life = nil
+    local head = key .. ':' .. hs
+    local n = rcall('ZCARD', head)
+    if n < S and tonumber(rs) + n < most then
+      -- Room in the head and in the inbox: the post goes in, and "s" takes
+      -- the item's seq, which changes the meta (see "s" above).
+      local added = rcall('ZADD', head, it.score, it.post)
+      if n == 0 then expireKey(head) end -- a new head, or one emptied by removals
+      rcall('ZADD', key, it.lo, 's')
+      return added == 1
+    end
   end
-  if rcall('ZADD', key, 'XX', 'LT', 'CH', it.s, 's') == 0 then return false end
-  -- The count above, with "s" as it is now: it was under the post only if
-  -- its seq was above the post's id, which the item's then is too.
-  local under = u
-  if it.sUnder == 1 then under = rcall('ZCOUNT', key, '-inf', it.under) - 1 end
-  if under >= 2 then return true end
-  if under == 1 then
-    -- A small inbox that is full (or none: the meta of another layout), or
-    -- a segmented one and the post below its head: the general way.
-    load()
-    if not exists then return false end -- the unsegmented layout, deleted
-    addPosts(candidates(nil, floor, {it.p}))
-    save()
-    return true
-  end
-  -- A segmented inbox: its meta has no posts, so its layout is last.
-  local lay = rcall('ZRANGE', key, '-1', '-1')[1] or ''
-  local hs, rs = string.match(lay, '^(%d+:%d+)/(%d+)/')
-  if not hs then
-    -- The unsegmented layout: gone, as if it had expired.
-    rcall('DEL', key)
-    return false
-  end
-  life = nil
-  local head = key .. ':' .. hs
-  local n = rcall('ZCARD', head)
-  if n < S and tonumber(rs) + n < most then
-    -- Room in the head and in the inbox: the post goes in.
-    rcall('ZADD', head, it.score, it.post)
-    if n == 0 then expireKey(head) end -- a new head, or one emptied by removals
-    return true
-  end
-  -- Anything else (a new head, a trim, a post below the head, a cap
-  -- lowered) the general way: "s" has the item's seq already.
+  -- Anything else the general way: a small inbox that is full, a segmented
+  -- one that needs a new head or a trim, a post below the head or the floor,
+  -- a push applied before, the meta of another layout.
   load()
+  if not exists or it.seq <= seq then return false end
+  seq = it.seq
   addPosts(candidates(nil, floor, {it.p}))
   save()
   return true
@@ -704,31 +706,25 @@ end
 -- run applies a run of pushes, an op 7 item alone in its list (what a
 -- recipient gets from a batch of posts under load), the way lone applies
 -- one push: in the case that holds nearly always, a segmented inbox whose
--- head takes every post and that needs no trim, in six commands and no more
--- Lua than they need. The general way costs a run some 200 000 Redis
+-- head takes every post and that needs no trim, in five commands and no
+-- more Lua than they need. The general way costs a run some 200 000 Redis
 -- instructions more (loading and saving the meta as fields, the posts'
 -- tables), which made runs, not pushes, what Redis's thread spent itself on
--- under load. It returns the number of pushes
--- applied, or nil, having written nothing the general way would not write
--- again, when that must take it.
+-- under load. It returns the number of posts it added (those of a run
+-- applied before are there already), or nil, having written nothing the
+-- general way would not write again, when that must take it.
 local function run(it)
-  -- Every push of the run is new: its sequences rise (stAppendList), and
-  -- the first is above the inbox's. (No "s": no inbox.)
-  local sc = rcall('ZSCORE', key, 's')
-  if not sc then return nil end
-  local last = -sc - 1 -- the inbox's seq
-  if ARGV[it.first] + 0 <= last then return nil end
-  -- Its posts are ZADD's arguments as sent (ARGV[pa .. it.last]); its lowest
-  -- tells where it goes (see lone): above "b", "f" and "s", into the head of
-  -- a segmented inbox, or the general way.
+  -- Its posts are ZADD's arguments as sent (ARGV[pa .. it.last]); its
+  -- lowest tells where it goes, and its first seq whether it was applied
+  -- before (its seqs rise: stAppendList), as a lone push's count does (see
+  -- there): 0, into the head of a segmented inbox (or there is none);
+  -- anything else the general way.
   local k = (it.last - it.first + 1) / 3
   local pa = it.first + k
   local low = ARGV[it.first - 2] + 0
-  local under = 0
-  if last > low then under = 1 end -- "s", above the post's id
-  if rcall('ZCOUNT', key, '-inf', '(' .. num(-(low + 1))) ~= under then return nil end
+  if rcall('ZCOUNT', key, sScore(ARGV[it.first] + 0), '(' .. num(-(low + 1))) ~= 0 then return nil end
   -- A segmented inbox's meta has no posts: its layout is last. (A small
-  -- one's last member is a post, no layout.)
+  -- one's last member is a post, no layout; none, no inbox.)
   local lay = rcall('ZRANGE', key, '-1', '-1')[1] or ''
   if not parse(lay) or h == 0 then return nil end
   hc, life = nil, nil
@@ -755,17 +751,20 @@ local function run(it)
   local below = r
   if top then below = r + n end
   if r + n + k > most and r + n + k - cap >= below then return nil end
-  -- Writes from here.
-  local new = false
+  -- Writes from here. "s" takes the run's seq, which changes the meta (see
+  -- "s" above).
+  local new, added = false, 0
   if top then
     r, h, b = r + n, h + 1, top + 1
-    hc = rcall('ZADD', seg(h), unpack(ARGV, pa, it.last))
+    added = rcall('ZADD', seg(h), unpack(ARGV, pa, it.last))
+    hc = added
     expire(h)
     new = true
   else
-    hc = n + rcall('ZADD', seg(h), unpack(ARGV, pa, it.last))
+    added = rcall('ZADD', seg(h), unpack(ARGV, pa, it.last))
+    hc = n + added
   end
-  local s = num(-(it.seq + 1))
+  local s = sScore(it.seq)
   if r + hc > most then
     -- The floor becomes the oldest kept, the layout changes; the bound
     -- stays (the trim stops below the head).
@@ -783,7 +782,7 @@ local function run(it)
   else
     rcall('ZADD', key, s, 's')
   end
-  return k
+  return added
 end
 
 -- apply is the function the library registers: keys and args are the

@@ -2,7 +2,7 @@
 -- sequence of the last item applied, and at most n posts below a cursor,
 -- newest first, atomically.
 --
--- KEYS[1] the inbox's meta, feed:v<N>:{<uid>}:ix
+-- KEYS[1] the inbox's meta, feed:v<N>:{<uid>}:iy
 -- ARGV[1] the lowest score (exclusive with "(") of the posts read: the
 --         cursor's, or "0" from the newest
 -- ARGV[2] n, the most posts read
