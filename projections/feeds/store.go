@@ -1068,9 +1068,10 @@ func (s *Store) PopMaterialiseRequests(ctx context.Context, n int) ([]domain.Use
 	return users, nil
 }
 
-// Inbox returns user's whole inbox: its posts newest first, its floor, the
-// sequence of the last item applied, and whether it exists. It does not refresh
-// the TTL.
+// Inbox returns user's whole inbox: its posts newest first, its floor, its
+// sequence (at least that of the last item that took anything out of it, at
+// most that of the last applied; see apply.lua), and whether it exists. It
+// does not refresh the TTL.
 func (s *Store) Inbox(ctx context.Context, user domain.UserID) (posts []domain.PostID, floor int64, seq uint64, ok bool, err error) {
 	what := fmt.Sprintf("read inbox of user %d", user)
 	cmd := s.page.Run(ctx, s.rdb, []string{s.userKey(user, stInboxSuffix)}, "0", math.MaxInt32, "0")

@@ -1,6 +1,6 @@
--- Reads a page of an inbox (see apply.lua for its layout): its floor, the
--- sequence of the last item applied, and at most n posts below a cursor,
--- newest first, atomically.
+-- Reads a page of an inbox (see apply.lua for its layout): its floor, its
+-- sequence ("s"), and at most n posts below a cursor, newest first,
+-- atomically.
 --
 -- KEYS[1] the inbox's meta, feed:v<N>:{<uid>}:iy
 -- ARGV[1] the lowest score (exclusive with "(") of the posts read: the
