@@ -186,20 +186,28 @@ end
 local opOf = {['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7}
 -- readLists reads the call's item lists; it returns them and the index of
 -- the first argument after them.
+local function count(s)
+  if s == '1' then return 1 end
+  return tonumber(s)
+end
 local function readLists()
   local lists = {}
   local i = 5
-  for l = 1, tonumber(ARGV[4]) do
+  for l = 1, count(ARGV[4]) do
     local list = {}
-    for k = 1, tonumber(ARGV[i]) do
+    for k = 1, count(ARGV[i]) do
       local op = opOf[ARGV[i + 1]] or tonumber(ARGV[i + 1])
-      local it = {op = op, seq = ARGV[i + 2] + 0}
+      -- Made with every field it may take (false: none), so that it is
+      -- made once, not grown field by field.
+      local it = {
+        op = op, seq = ARGV[i + 2] + 0, floor = false, first = 0, last = 0, afirst = 0, alast = -1, p = false,
+        post = false, score = false, lo = false, under = false,
+      }
       if op > 2 and op < 7 then it.floor = tonumber(ARGV[i + 3]) end
       local n = ARGV[i + 4]
       if n == '1' then n = 1 else n = tonumber(n) end
       it.first, it.last = i + 5, i + 4 + n
       i = it.last
-      it.afirst, it.alast = 0, -1
       if op == 6 then
         it.afirst, it.alast = i + 2, i + 1 + tonumber(ARGV[i + 1])
         i = it.alast
@@ -787,13 +795,19 @@ end
 
 -- apply is the function the library registers: keys and args are the
 -- call's KEYS and ARGV.
+local capArg, ttlArg, sArg
 local function apply(keys, args)
   KEYS, ARGV, rcall, format = keys, args, redis.call, string.format
-  cap = tonumber(ARGV[1])
-  ttl = tonumber(ARGV[2])
-  S = math.min(tonumber(ARGV[3]), cap)
-  L = math.min(2 * S, cap)
-  most = cap + S
+  -- The same as the last call's, as a rule: Lua keeps one copy of each
+  -- string, so comparing them costs less than parsing them.
+  if ARGV[1] ~= capArg or ARGV[2] ~= ttlArg or ARGV[3] ~= sArg then
+    capArg, ttlArg, sArg = ARGV[1], ARGV[2], ARGV[3]
+    cap = tonumber(capArg)
+    ttl = tonumber(ttlArg)
+    S = math.min(tonumber(sArg), cap)
+    L = math.min(2 * S, cap)
+    most = cap + S
+  end
   scores, members = {}, {}
   -- Nothing of the last call's inbox is kept: a call that raised an error
   -- stopped anywhere.
