@@ -162,7 +162,7 @@ func (g *graphChanges) changeOutbox(c OutboxChange) {
 type followRead struct {
 	followee domain.UserID
 	count    *redis.IntCmd
-	outbox   *redis.ZSliceCmd
+	outbox   outboxRead
 }
 
 func (r followRead) result() (int64, Outbox, error) {
@@ -170,7 +170,7 @@ func (r followRead) result() (int64, Outbox, error) {
 	if err != nil {
 		return 0, Outbox{}, stFail(fmt.Sprintf("count followers of user %d", r.followee), err)
 	}
-	ob, err := stOutbox(r.outbox, r.followee)
+	ob, err := r.outbox.outbox()
 	return n, ob, err
 }
 
@@ -189,7 +189,7 @@ func (g *graphChanges) changeFollow(pr projections.FollowPair, follow bool) foll
 	return followRead{
 		followee: pr.Followee,
 		count:    g.pipe.SCard(g.ctx, fol),
-		outbox:   g.pipe.ZRevRangeWithScores(g.ctx, g.s.userKey(pr.Followee, stOutboxSuffix), 0, -1),
+		outbox:   g.s.queueOutbox(g.ctx, g.pipe, pr.Followee),
 	}
 }
 
