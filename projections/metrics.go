@@ -114,7 +114,7 @@ func (m *Metrics) Delayed(p string, at time.Time) {
 	}
 }
 
-// Staged records that a batch of p spent took in stage.
+// Staged records the time, took, a batch of p spent in stage.
 func (m *Metrics) Staged(p, stage string, took time.Duration) {
 	if m != nil {
 		m.stages.WithLabelValues(p, stage).Observe(took.Seconds())

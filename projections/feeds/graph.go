@@ -189,7 +189,7 @@ func (g *graphChanges) changeFollow(pr projections.FollowPair, follow bool) foll
 	return followRead{
 		followee: pr.Followee,
 		count:    g.pipe.SCard(g.ctx, fol),
-		outbox:   g.s.queueOutbox(g.ctx, g.pipe, pr.Followee),
+		outbox:   g.s.queueWholeOutbox(g.ctx, g.pipe, pr.Followee),
 	}
 }
 

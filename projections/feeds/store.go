@@ -613,7 +613,7 @@ func (s *Store) Outboxes(ctx context.Context, authors []domain.UserID) (map[doma
 	pipe := s.rdb.Pipeline()
 	reads := make([]outboxRead, len(authors))
 	for i, a := range authors {
-		reads[i] = s.queueOutbox(ctx, pipe, a)
+		reads[i] = s.queueWholeOutbox(ctx, pipe, a)
 	}
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	for i, r := range reads {
@@ -636,18 +636,13 @@ func (s *Store) Outboxes(ctx context.Context, authors []domain.UserID) (map[doma
 // reads them itself, between its writes.
 type outboxRead struct {
 	author domain.UserID
-	floor  *redis.FloatCmd
-	posts  *redis.StringSliceCmd
+	pageSource
 }
 
-// queueOutbox queues the read of author's whole outbox on pipe.
-func (s *Store) queueOutbox(ctx context.Context, pipe redis.Pipeliner, author domain.UserID) outboxRead {
-	k := s.userKey(author, stOutboxSuffix)
-	return outboxRead{
-		author: author,
-		floor:  pipe.ZScore(ctx, k, "f"),
-		posts:  pipe.ZRevRangeByScore(ctx, k, &redis.ZRangeBy{Min: "(0", Max: "+inf"}),
-	}
+// queueWholeOutbox queues the read of author's whole outbox on pipe: the
+// read of a page's outbox (queueOutbox) with every post.
+func (s *Store) queueWholeOutbox(ctx context.Context, pipe redis.Pipeliner, author domain.UserID) outboxRead {
+	return outboxRead{author: author, pageSource: s.queueOutbox(ctx, pipe, author, &redis.ZRangeBy{Min: "(0", Max: "+inf"})}
 }
 
 // outbox is what the read found: an author without an outbox has none, at
@@ -959,10 +954,16 @@ func inboxScore(p domain.PostID) int64 { return domain.MaxID - int64(p) }
 func (s *Store) queueOutboxes(ctx context.Context, pipe redis.Pipeliner, authors []domain.UserID, by *redis.ZRangeBy) []pageSource {
 	outs := make([]pageSource, 0, len(authors))
 	for _, a := range authors {
-		k := s.userKey(a, stOutboxSuffix)
-		outs = append(outs, pageSource{floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)})
+		outs = append(outs, s.queueOutbox(ctx, pipe, a, by))
 	}
 	return outs
+}
+
+// queueOutbox queues the read of author's outbox floor and of its posts in
+// by, newest first.
+func (s *Store) queueOutbox(ctx context.Context, pipe redis.Pipeliner, author domain.UserID, by *redis.ZRangeBy) pageSource {
+	k := s.userKey(author, stOutboxSuffix)
+	return pageSource{floor: pipe.ZScore(ctx, k, "f"), posts: pipe.ZRevRangeByScore(ctx, k, by)}
 }
 
 // inboxPage is what the page script read of an inbox.
