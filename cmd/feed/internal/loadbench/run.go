@@ -186,9 +186,13 @@ func Run(ctx context.Context, cfg Config, target Target) (*Report, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
+	api, err := newClient(target.BaseURL, tokens, cfg.MaxInFlight)
+	if err != nil {
+		return nil, err
+	}
 	r := &runner{
 		cfg: cfg, target: target, graph: graph, images: images, progress: progress,
-		api:     newClient(target.BaseURL, tokens, cfg.MaxInFlight),
+		api:     api,
 		slots:   make(chan struct{}, cfg.MaxInFlight),
 		fresh:   make(chan struct{}, 256),
 		cursors: make([]string, cfg.Users),

@@ -301,8 +301,8 @@ func (r *runner) planRead(rng *rand.Rand, nextShare float64) func(time.Time) arr
 			}
 			r.noteDone(k, 0)
 			c := ""
-			if page.HasMore && page.NextCursor != nil {
-				c = *page.NextCursor
+			if page.HasMore && page.NextCursor != "" {
+				c = page.NextCursor
 			}
 			r.setCursor(user, c)
 		}
