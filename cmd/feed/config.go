@@ -89,7 +89,7 @@ var variables = []variable{
 	{"FEED_INBOX_CAP", "500", "Posts kept per home feed inbox in Redis: the newest, and up to 100 more before a trim."},
 	{"FEED_OUTBOX_CAP", "500", "Posts kept per author outbox in Redis."},
 	{"FEED_INBOX_TTL", "168h", "Inboxes of users who have not read their feed for this long expire and stop receiving pushes."},
-	{"FEED_BIG_ACCOUNT", "10000", "Authors with more followers than this are not pushed; their posts are merged into pages at read time."},
+	{"FEED_BIG_ACCOUNT", "10000", "Authors with more followers than this are not pushed; their posts are merged into pages at read time. An author stays so until its followers fall to nine tenths of it, so that one followed and unfollowed at the threshold does not have its outbox merged into every follower's inbox each time."},
 	{"FEED_PARTITIONS", "4", "Applier partitions of the feed projector (by recipient)."},
 	{"FEED_POST_CACHE", "100000", "Hydrated posts the API keeps in memory for GET /feed (about 1 KiB each), kept current by following the log; 0 hydrates every page from Postgres."},
 	{"FEED_PAGE_CACHE", "50000", "Home feed pages the API keeps in memory (about 400 bytes each), kept current by Redis's client-side caching invalidations; 0 reads every page from Redis."},

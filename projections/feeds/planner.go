@@ -601,7 +601,7 @@ func (p *Planner) queueFollow(g *graphChanges, rec events.Record, facts *graphFa
 	}
 	n := facts.follow(pr, follow)
 	read := g.changeFollow(pr, follow)
-	big := n > int64(p.store.Config().BigThreshold)
+	big := p.store.Config().isBig(n, facts.big[pr.Followee])
 	var all *usersRead
 	if big != facts.big[pr.Followee] {
 		facts.big[pr.Followee] = big

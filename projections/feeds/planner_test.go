@@ -260,12 +260,14 @@ func randomLog(rng *rand.Rand, n int) []events.Record {
 // and plans exactly what the same events plan one batch each: the same work
 // for every recipient, in the same order, and the same graph, outboxes and
 // big accounts, also when an account crosses the big-account threshold and
-// back within a batch, and when Redis lost its scripts before a batch (the
+// back within a batch (becoming big above 3 followers, small again at 2: the
+// margin makes bigness depend on what it was, event by event), and when
+// Redis lost its scripts before a batch (the
 // outbox script must be loaded again before the changes are sent: without
 // it, a batch is left half made).
 func TestPlannerBatchesPlanAsEventByEvent(t *testing.T) {
 	t.Parallel()
-	rig := newPlannerRig(t, feeds.Config{BigThreshold: 3, OutboxCap: 4})
+	rig := newPlannerRig(t, feeds.Config{BigThreshold: 3, BigMargin: 1, OutboxCap: 4})
 	for seed := range uint64(6) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		log := randomLog(rng, 400)
@@ -273,6 +275,7 @@ func TestPlannerBatchesPlanAsEventByEvent(t *testing.T) {
 		flushed := map[int]bool{}
 		// The accounts' bigness as the log goes, to see the threshold crossed.
 		followers := map[domain.UserID]map[domain.UserID]bool{}
+		big := map[domain.UserID]bool{}
 		crossed := map[bool]int{}
 		for rest := log; len(rest) > 0; {
 			n := min(len(rest), 1+rng.IntN(80))
@@ -298,14 +301,15 @@ func TestPlannerBatchesPlanAsEventByEvent(t *testing.T) {
 				if followers[b] == nil {
 					followers[b] = map[domain.UserID]bool{}
 				}
-				was := len(followers[b]) > 3
 				_, follow := rec.Event.(events.UserFollowed)
 				if follow {
 					followers[b][a] = true
 				} else {
 					delete(followers[b], a)
 				}
-				if is := len(followers[b]) > 3; is != was {
+				n := len(followers[b])
+				if is := n > 3 || (big[b] && n > 2); is != big[b] {
+					big[b] = is
 					crossed[is]++
 				}
 			}
@@ -370,6 +374,70 @@ func TestPlannerPlansAgainABatchThatFailedMidway(t *testing.T) {
 		}
 		assert.NotContains(t, got.state, "feed:v1:big", "failing %v: x is still big", failing)
 	}
+}
+
+// TestPlannerKeepsBignessWithinTheMargin: an account becomes big above the
+// threshold and is small again only at the threshold less the margin, so an
+// account followed and unfollowed at the threshold does not send its whole
+// outbox to every follower at each unfollow. Between the two it stays what
+// it was: its posts are not pushed while it is big, and are pushed again
+// once it has become small.
+func TestPlannerKeepsBignessWithinTheMargin(t *testing.T) {
+	t.Parallel()
+	rig := newPlannerRig(t, feeds.Config{BigThreshold: 10, BigMargin: 3})
+	const x domain.UserID = 100
+	var log []events.Record
+	var batches [][]events.Record
+	add := func(evs ...events.Event) {
+		var b []events.Record
+		for _, ev := range evs {
+			log = append(log, events.Record{Seq: uint64(len(log) + 1), Event: ev})
+			b = append(b, log[len(log)-1])
+		}
+		batches = append(batches, b)
+	}
+	follow := func(f domain.UserID) events.Event { return events.UserFollowed{FollowerID: f, FolloweeID: x} }
+	unfollow := func(f domain.UserID) events.Event { return events.UserUnfollowed{FollowerID: f, FolloweeID: x} }
+	for f := range domain.UserID(10) {
+		add(follow(f + 1))
+	}
+	add(events.PostCreated{PostID: 500, UserID: x}) // 10 followers: pushed
+	add(follow(11))                                 // 11: big
+	add(events.PostCreated{PostID: 600, UserID: x}) // not pushed
+	for range 2 {                                   // 10 and 11 in turn, a batch each: still big
+		add(unfollow(11))
+		add(follow(11))
+	}
+	add(unfollow(11), unfollow(10), unfollow(9))    // 8: still big
+	add(events.PostCreated{PostID: 700, UserID: x}) // not pushed
+	add(unfollow(8))                                // 7: small, its outbox merged
+	add(follow(8), follow(9), follow(10))           // 10: small
+	add(events.PostCreated{PostID: 800, UserID: x}) // pushed
+	add(follow(11))                                 // 11: big again
+	got, _ := rig.run(t, batches, nil)
+
+	for f := range domain.UserID(7) {
+		var ops []string
+		for _, it := range got.work[f+1] {
+			ops = append(ops, fmt.Sprintf("%v%v", it.Op, it.Posts))
+		}
+		// The follow's merge of an empty outbox, the push of 500, one merge
+		// when x became small again (of the posts of its big period and
+		// before), and the push of 800.
+		assert.Equal(t, []string{
+			fmt.Sprintf("%v[]", feeds.OpMerge),
+			fmt.Sprintf("%v[500]", feeds.OpPush),
+			fmt.Sprintf("%v[700 600 500]", feeds.OpMerge),
+			fmt.Sprintf("%v[800]", feeds.OpPush),
+		}, ops, "follower %d", f+1)
+	}
+	// Follower 11 unfollowed and followed while x was big: merged nothing then.
+	for _, it := range got.work[11] {
+		if it.Op == feeds.OpMerge {
+			assert.Empty(t, it.Posts, "follower 11 merged while x was big: %v", it)
+		}
+	}
+	assert.Contains(t, got.state["feed:v1:big"], fmt.Sprint(x), "x has 11 followers: big")
 }
 
 // TestPlannerKeepsMessagesUnderTheServersLimit: the items per message bound

@@ -1379,7 +1379,11 @@ func TestUnavailable(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	t.Parallel()
 	s := feeds.NewStore(nil, feeds.Config{InboxCap: 7})
-	assert.Equal(t, feeds.Config{InboxCap: 7, SegmentSize: 100, OutboxCap: 500, TTL: 7 * 24 * time.Hour, BigThreshold: 10000}, s.Config())
+	assert.Equal(t, feeds.Config{InboxCap: 7, SegmentSize: 100, OutboxCap: 500, TTL: 7 * 24 * time.Hour, BigThreshold: 10000, BigMargin: 1000}, s.Config())
+	// A margin of its own, none, or one past the threshold.
+	for give, want := range map[int]int{7: 7, -1: 0, 20000: 10000} {
+		assert.Equal(t, want, feeds.NewStore(nil, feeds.Config{BigMargin: give}).Config().BigMargin, "BigMargin %d", give)
+	}
 	assert.Equal(t, "materialise", feeds.OpMaterialise.String())
 	assert.Equal(t, "op("+strconv.Itoa(9)+")", feeds.Op(9).String())
 }

@@ -17,7 +17,7 @@ type GraphConfig struct {
 	// Big is how many accounts get more than BigThreshold followers.
 	Big int
 	// BigThreshold is the service's FEED_BIG_ACCOUNT: every other account gets
-	// at most this many followers.
+	// at most ordinaryCeiling of it.
 	BigThreshold int
 	// Exponent is the power law of ordinary accounts' follower counts by rank
 	// (count ∝ rank^-Exponent); 0 means 0.8.
@@ -38,9 +38,9 @@ type Graph struct {
 }
 
 // NewGraph draws a graph: follower counts follow a power law by rank, the Big
-// most followed accounts above BigThreshold and every other at or below it,
-// with the mean AvgFollowers (within one follow per account); each account's
-// followers are drawn uniformly from the other users.
+// most followed accounts above BigThreshold and every other at or below
+// ordinaryCeiling of it, with the mean AvgFollowers (within one follow per
+// account); each account's followers are drawn uniformly from the other users.
 func NewGraph(cfg GraphConfig, rng *rand.Rand) (*Graph, error) {
 	counts, err := followerCounts(cfg)
 	if err != nil {
@@ -106,7 +106,7 @@ func followerCounts(cfg GraphConfig) ([]int, error) {
 		counts[k] = lo + (most-lo)/(k+1)
 		total -= counts[k]
 	}
-	ceiling := min(cfg.BigThreshold, most)
+	ceiling := min(ordinaryCeiling(cfg.BigThreshold), most)
 	ordinary := counts[cfg.Big:]
 	if total < len(ordinary) || total > len(ordinary)*ceiling {
 		return nil, fmt.Errorf("graph: %d followers on average cannot be reached with %d big accounts and at most %d followers for the others",
@@ -115,6 +115,16 @@ func followerCounts(cfg GraphConfig) ([]int, error) {
 	fillPowerLaw(ordinary, total, ceiling, cfg.Exponent)
 	return counts, nil
 }
+
+// ordinaryCeiling is the most followers an ordinary account starts with: a
+// tenth below the threshold, so that the workload's follows, a few dozen an
+// account in a run, never make one big. At the threshold itself, the power
+// law's clamp put 33 of the default graph's accounts, and each follow of one
+// made it big and the unfollow after it small again, which merged its whole
+// outbox into its 500 followers' inboxes: the service's default margin
+// (decision 36) keeps such an account big, and so changes the run's
+// big accounts, which the bench means to fix.
+func ordinaryCeiling(threshold int) int { return threshold - threshold/10 }
 
 // fillPowerLaw sets counts[r] = clamp(s·(r+1)^-exp, 1, ceiling), the scale s
 // found by bisection so that they add up to total, then spreads the rounding
