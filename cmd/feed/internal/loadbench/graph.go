@@ -121,9 +121,9 @@ func followerCounts(cfg GraphConfig) ([]int, error) {
 // account in a run, never make one big. At the threshold itself, the power
 // law's clamp put 33 of the default graph's accounts, and each follow of one
 // made it big and the unfollow after it small again, which merged its whole
-// outbox into its 500 followers' inboxes: the service's default margin
-// (decision 36) keeps such an account big, and so changes the run's
-// big accounts, which the bench means to fix.
+// outbox into its 500 followers' inboxes. With the service's margin
+// (decision 36) such an account stays big once across, which would add to
+// the run's big accounts; a run's big accounts are the Big it asks for.
 func ordinaryCeiling(threshold int) int { return threshold - threshold/10 }
 
 // fillPowerLaw sets counts[r] = clamp(s·(r+1)^-exp, 1, ceiling), the scale s
