@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"net"
 	"net/url"
 	"slices"
 	"strconv"
@@ -45,10 +44,6 @@ func newClient(base string, tokens []string, conns int) (*client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
 		return nil, fmt.Errorf("service URL %q: want http://host:port", base)
 	}
-	addr := u.Host
-	if u.Port() == "" {
-		addr = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
-	}
 	bearer := make([]string, len(tokens))
 	for i, t := range tokens {
 		bearer[i] = "Bearer " + t
@@ -56,7 +51,7 @@ func newClient(base string, tokens []string, conns int) (*client, error) {
 	return &client{
 		base: u.Scheme + "://" + u.Host,
 		hc: &fasthttp.HostClient{
-			Addr:  addr,
+			Addr:  fasthttp.AddMissingPort(u.Host, u.Scheme == "https"),
 			IsTLS: u.Scheme == "https",
 			// The open loop's requests, the freshness pollers and the sampler:
 			// a request that finds them all busy waits for one rather than fail.
@@ -201,9 +196,6 @@ type feedPage struct {
 	NextCursor string          // "" when null
 	HasMore    bool
 }
-
-// ids are the page's post ids, newest first.
-func (p feedPage) ids() []domain.PostID { return p.IDs }
 
 // decodeFeedPage reads the post ids, next_cursor and has_more of a GET /feed
 // answer token by token, skipping everything else: the freshness poller reads

@@ -106,7 +106,7 @@ func (r *runner) seen(ctx context.Context, p *phase, user domain.UserID, post do
 	if err != nil {
 		return false, err
 	}
-	ids := page.ids()
+	ids := page.IDs
 	if slices.Contains(ids, post) {
 		return true, nil
 	}
@@ -119,6 +119,6 @@ func (r *runner) seen(ctx context.Context, p *phase, user domain.UserID, post do
 	if err != nil {
 		return false, err
 	}
-	ids = page.ids()
+	ids = page.IDs
 	return len(ids) > 0 && ids[0] == post, nil
 }
