@@ -23,9 +23,10 @@ import (
 // instructions the Redis server executes per inbox entry while the appliers
 // push posts to 500 followers (inboxes of 20, and full ones of 500, so every
 // push also trims), next to the same entries as raw pipelined ZADDs into keys
-// laid out the same way, and their ratio. A third case is the shape of the
-// bench's mixed phase (`feed bench`): full inboxes, each call giving every
-// follower a run of 8 of a batch's 50 posts. Beside each count it prints the
+// laid out the same way, and their ratio. Two more cases are runs into full
+// inboxes, each call giving every follower a run of 8 of a batch's 50 posts
+// (the bench's mixed phase as it was in session 15) and of 2 of 20 (as it is
+// since session 23, with the planner's batches of some 30 events). Beside each count it prints the
 // share of the appliers' instructions that ZADD spends looking up the members
 // it adds (zzlFind: a listpack is scanned from its head for every member, and
 // a new post is in none, so each scans the whole inbox). The server runs
@@ -113,47 +114,49 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 			}
 		})
 	}
-	b.Run("runs=8", func(b *testing.B) {
-		const batch, run = 50, 8
-		followers := benchFollowers(2, followersN)
-		setupFollowers(b, rdb, store, followers, old, seq)
-		fillPastCap(b, rdb, store, followers, posts, &seq)
-		rng := rand.New(rand.NewPCG(1, 2))
-		entries := float64(rounds / 2 * followersN * run)
-		// runs is one call's items: each follower gets run of the batch's
-		// posts, its own pick, in the log's order.
-		runs := func() []feeds.Item {
-			fresh := posts.take(batch)
-			var items []feeds.Item
-			for _, f := range followers {
-				picked := rng.Perm(batch)[:run]
-				slices.Sort(picked)
-				for _, k := range picked {
-					items = append(items, feeds.Item{Recipient: f, Seq: seq + uint64(k) + 1, Op: feeds.OpPush, Posts: []domain.PostID{fresh[k]}})
+	for ci, c := range []struct{ run, batch int }{{8, 50}, {2, 20}} {
+		run, batch := c.run, c.batch
+		b.Run(fmt.Sprintf("runs=%d", run), func(b *testing.B) {
+			followers := benchFollowers(2+ci, followersN)
+			setupFollowers(b, rdb, store, followers, old, seq)
+			fillPastCap(b, rdb, store, followers, posts, &seq)
+			rng := rand.New(rand.NewPCG(1, 2))
+			entries := float64(rounds / 2 * followersN * run)
+			// runs is one call's items: each follower gets run of the batch's
+			// posts, its own pick, in the log's order.
+			runs := func() []feeds.Item {
+				fresh := posts.take(batch)
+				var items []feeds.Item
+				for _, f := range followers {
+					picked := rng.Perm(batch)[:run]
+					slices.Sort(picked)
+					for _, k := range picked {
+						items = append(items, feeds.Item{Recipient: f, Seq: seq + uint64(k) + 1, Op: feeds.OpPush, Posts: []domain.PostID{fresh[k]}})
+					}
 				}
+				seq += uint64(batch)
+				return items
 			}
-			seq += batch
-			return items
-		}
-		for b.Loop() {
-			raw := count(entries, func() {
-				for range rounds / 2 {
-					if err := rawZAddItems(ctx, rdb, runs()); err != nil {
-						b.Fatal(err)
+			for b.Loop() {
+				raw := count(entries, func() {
+					for range rounds / 2 {
+						if err := rawZAddItems(ctx, rdb, runs()); err != nil {
+							b.Fatal(err)
+						}
 					}
-				}
-			})
-			apply := count(entries, func() {
-				for range rounds / 2 {
-					items := runs()
-					if err := applyAll(ctx, store, [][][][]feeds.Item{byPartition(items, itemRecipient, 1, benchChunk)}, int64(len(items))); err != nil {
-						b.Fatal(err)
+				})
+				apply := count(entries, func() {
+					for range rounds / 2 {
+						items := runs()
+						if err := applyAll(ctx, store, [][][][]feeds.Item{byPartition(items, itemRecipient, 1, benchChunk)}, int64(len(items))); err != nil {
+							b.Fatal(err)
+						}
 					}
-				}
-			})
-			report(b, fmt.Sprintf("runs of %d of %d, inbox 500", run, batch), raw, apply)
-		}
-	})
+				})
+				report(b, fmt.Sprintf("runs of %d of %d, inbox 500", run, batch), raw, apply)
+			}
+		})
+	}
 }
 
 // benchFollowers is n followers of a case of its own (ci), distinct from

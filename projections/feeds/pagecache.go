@@ -22,8 +22,9 @@ import (
 // with CLIENT TRACKING on, and Redis sends the name of every key they read
 // to one subscriber connection when the key next changes.
 //
-// A page depends on the keys its read named: the inbox, the user's followees
-// and the big set, and the outboxes it merged. It is served only while none
+// A page depends on the keys its read named: the inbox's meta and its head
+// segment (a push into the head changes the head alone), the user's
+// followees and the big set, and the outboxes it merged. It is served only while none
 // of them has been heard of as changed since its read began, so a read that
 // an invalidation overtook is never kept. An invalidation in flight is the
 // one window where a page may be older than Redis: a read that must see a
@@ -62,6 +63,10 @@ type PageCache struct {
 	pages *simplelru.LRU[pageKey, *cachedPage]
 	// refreshed is when this process last refreshed an inbox's TTL.
 	refreshed *simplelru.LRU[string, time.Time]
+	// heads is the key of each inbox's head as last read, by the inbox's
+	// meta key: a page read declares it (see page.lua), and is kept only if
+	// it was the head indeed.
+	heads *simplelru.LRU[string, string]
 
 	// syncs are the Sync calls waiting for their marker to come back.
 	syncs  map[string]chan struct{}
@@ -127,6 +132,7 @@ func NewPageCache(reader *Reader, opts *redis.Options, cfg PageCacheConfig, reg 
 	cfg = cfg.withDefaults()
 	pages, _ := simplelru.NewLRU[pageKey, *cachedPage](cfg.Pages, nil)
 	refreshed, _ := simplelru.NewLRU[string, time.Time](cfg.Pages, nil)
+	heads, _ := simplelru.NewLRU[string, string](cfg.Pages, nil)
 	own := *opts
 	// Its connections speak RESP2, where maintenance notifications do not
 	// exist; the config is a pointer that go-redis updates in place.
@@ -140,6 +146,7 @@ func NewPageCache(reader *Reader, opts *redis.Options, cfg PageCacheConfig, reg 
 		syncs:     map[string]chan struct{}{},
 		pages:     pages,
 		refreshed: refreshed,
+		heads:     heads,
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "feed_page_cache_lookups_total",
 			Help: "Home feed pages looked up in the API process's page cache, by result: hit, miss (read from Redis), fresh (a read with X-Min-Position, always from Redis) or off (invalidations not followed).",
@@ -175,7 +182,9 @@ func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, 
 		}
 		c.pages.Remove(key)
 	}
-	refresh := c.refreshDue(s.userKey(user, stInboxSuffix))
+	inbox := s.userKey(user, stInboxSuffix)
+	refresh := c.refreshDue(inbox)
+	head, _ := c.heads.Get(inbox)
 	c.mu.Unlock()
 
 	switch {
@@ -189,18 +198,29 @@ func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, 
 	}
 	ts := *s
 	ts.rdb = tracked
-	page, followed, err := ts.pageWithBig(ctx, user, before, n, refresh)
+	page, read, err := ts.pageWithBig(ctx, user, before, n, refresh, head)
 	if err != nil || !page.Materialised {
 		// An error, or the first read of a user who has no inbox yet: not
 		// worth keeping.
 		return page, err
 	}
+	if read.head != head && read.head != inbox {
+		// Read without its head declared (the first read of the inbox, or
+		// its head moved since the last one): Redis will not say when a
+		// push changes the head, so the page is not kept; the next read
+		// declares the head.
+		c.mu.Lock()
+		c.heads.Add(inbox, read.head)
+		c.mu.Unlock()
+		page.Posts = slices.Clip(page.Posts)
+		return page, nil
+	}
 	if c.beforeFill != nil {
 		c.beforeFill()
 	}
-	keys := make([]string, 0, 3+len(followed))
-	keys = append(keys, s.userKey(user, stInboxSuffix), s.userKey(user, stFollowsSuffix), s.key(stBigKey))
-	for _, a := range followed {
+	keys := make([]string, 0, 4+len(read.followed))
+	keys = append(keys, inbox, read.head, s.userKey(user, stFollowsSuffix), s.key(stBigKey))
+	for _, a := range read.followed {
 		keys = append(keys, s.userKey(a, stOutboxSuffix))
 	}
 	e := &cachedPage{page: page, keys: keys, epoch: epoch, since: since, at: time.Now()}

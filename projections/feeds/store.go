@@ -479,12 +479,20 @@ func (s *Store) stPack(items []Item) []*stApplyCall {
 }
 
 // stOpPushes is the script's op for a run of k pushes of one post each, sent
-// as one item: 7, the last push's seq, the lowest post, 3k, then each push's
-// seq, rising, then each push's score and post, as ZADD takes them (see
-// apply.lua). A run is what a recipient gets from a batch of posts under
-// load; as one item it costs the script no table and two arguments fewer a
-// push, and the script neither parses nor formats its posts to add them.
+// as one item: 7, the first push's "s" score, the lowest post p's -(p+1)
+// after "(" (the bounds of the count by which the script tells where the run
+// goes, as its ZCOUNT takes them), 3k, then each push's seq, rising, then each
+// push's score and post, as ZADD takes them (see apply.lua). A run is what a
+// recipient gets from a batch of posts under load; as one item it costs the
+// script no table and two arguments fewer a push, and the script neither
+// parses nor formats its posts to add them, nor the bounds of its count.
+// (Sent as three more arguments, the bounds and the last push's "s" score
+// cost Redis fewer instructions a run but made a call carry a fifth fewer
+// runs: the appliers' round trips, not Redis's work, set the bench's pace.)
 const stOpPushes = 7
+
+// stSeqScore is an inbox's "s" score for log sequence seq, 2seq - 2^54.
+func stSeqScore(seq uint64) string { return strconv.FormatInt(int64(2*seq)-1<<54, 10) }
 
 // stAppendList appends the script arguments of a recipient's list: the
 // number of items, then each item, runs of two or more pushes of one post
@@ -510,7 +518,7 @@ func (s *Store) stAppendList(args []any, items []Item) []any {
 		for _, it := range run[1:] {
 			low = min(low, it.Posts[0])
 		}
-		args = append(args, strconv.Itoa(stOpPushes), strconv.FormatUint(items[e-1].Seq, 10), strconv.FormatInt(int64(low), 10), strconv.Itoa(3*len(run)))
+		args = append(args, strconv.Itoa(stOpPushes), stSeqScore(run[0].Seq), "("+strconv.FormatInt(-int64(low)-1, 10), strconv.Itoa(3*len(run)))
 		for _, it := range run {
 			args = append(args, strconv.FormatUint(it.Seq, 10))
 		}
@@ -853,7 +861,7 @@ func (s *Store) Page(ctx context.Context, user domain.UserID, bigFollowees []dom
 	)
 	err = s.withPageScript(ctx, what, func() error {
 		pipe := s.rdb.TxPipeline()
-		in = s.queueInbox(ctx, pipe, user, before, n, true)
+		in = s.queueInbox(ctx, pipe, user, before, n, true, "")
 		outs = s.queueOutboxes(ctx, pipe, bigFollowees, by)
 		_, err := pipe.Exec(ctx)
 		return err
@@ -861,7 +869,8 @@ func (s *Store) Page(ctx context.Context, user domain.UserID, bigFollowees []dom
 	if err != nil {
 		return Page{}, err
 	}
-	return mergePage(what, in, outs, n)
+	page, _, err := mergePage(what, in, outs, n)
+	return page, err
 }
 
 // PageWithBig is Page finding the big accounts user follows itself, in the
@@ -874,18 +883,28 @@ func (s *Store) PageWithBig(ctx context.Context, user domain.UserID, before int6
 	if !s.batch {
 		return Page{}, false, nil
 	}
-	page, _, err = s.pageWithBig(ctx, user, before, n, true)
+	page, _, err = s.pageWithBig(ctx, user, before, n, true, "")
 	return page, true, err
 }
 
-// pageWithBig is PageWithBig on a single Redis, also returning the big
-// accounts whose outboxes it read; refresh is whether it refreshes the
-// inbox's TTL.
-func (s *Store) pageWithBig(ctx context.Context, user domain.UserID, before int64, n int, refresh bool) (Page, []domain.UserID, error) {
+// pageRead names what a page's read depended on besides the keys every page
+// reads (the inbox's meta, the user's followees, the big set): the inbox's
+// head, which a push into it changes alone (see apply.lua), and the big
+// accounts whose outboxes it merged.
+type pageRead struct {
+	head     string
+	followed []domain.UserID
+}
+
+// pageWithBig is PageWithBig on a single Redis, also returning what the read
+// depended on; refresh is whether it refreshes the inbox's TTL, and head, if
+// not empty, the key the caller expects the inbox's head to have, which the
+// read declares (see page.lua).
+func (s *Store) pageWithBig(ctx context.Context, user domain.UserID, before int64, n int, refresh bool, head string) (Page, pageRead, error) {
 	what := fmt.Sprintf("read feed page of user %d", user)
 	by, err := pageRange(what, before, n)
 	if err != nil {
-		return Page{}, nil, err
+		return Page{}, pageRead{}, err
 	}
 	var (
 		bigs *redis.StringSliceCmd
@@ -894,17 +913,17 @@ func (s *Store) pageWithBig(ctx context.Context, user domain.UserID, before int6
 	err = s.withPageScript(ctx, what, func() error {
 		pipe := s.rdb.TxPipeline()
 		bigs = pipe.SInter(ctx, s.key(stBigKey), s.userKey(user, stFollowsSuffix))
-		in = s.queueInbox(ctx, pipe, user, before, n, refresh)
+		in = s.queueInbox(ctx, pipe, user, before, n, refresh, head)
 		_, err := pipe.Exec(ctx)
 		return err
 	}, func() *redis.Cmd { return in })
 	if err != nil {
-		return Page{}, nil, err
+		return Page{}, pageRead{}, err
 	}
 	followed, err := stParseUsers(bigs.Val(), what, bigs.Err())
 	if err != nil || len(followed) == 0 || errors.Is(in.Err(), redis.Nil) {
-		page, err := mergePage(what, in, nil, n)
-		return page, nil, err
+		page, head, err := mergePage(what, in, nil, n)
+		return page, pageRead{head: head}, err
 	}
 	// The outboxes a moment after the inbox: each is still read atomically
 	// with its floor, which is what the page's floor needs; a big account's
@@ -912,10 +931,10 @@ func (s *Store) pageWithBig(ctx context.Context, user domain.UserID, before int6
 	pipe := s.rdb.TxPipeline()
 	outs := s.queueOutboxes(ctx, pipe, followed, by)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return Page{}, nil, stFail(what, err)
+		return Page{}, pageRead{}, stFail(what, err)
 	}
-	page, err := mergePage(what, in, outs, n)
-	return page, followed, err
+	page, head, err := mergePage(what, in, outs, n)
+	return page, pageRead{head: head, followed: followed}, err
 }
 
 // withPageScript runs read, a transaction that reads an inbox with the page
@@ -961,8 +980,9 @@ type pageSource struct {
 // queueInbox queues the read of user's inbox by the page script (see
 // page.lua): at most n posts strictly below before (0: from the newest), which
 // it scores newest first (inboxScore), with its floor. With refresh it first
-// refreshes the TTL of the inbox's keys: the user is active.
-func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domain.UserID, before int64, n int, refresh bool) *redis.Cmd {
+// refreshes the TTL of the inbox's keys: the user is active. head, if not
+// empty, is declared as the inbox's head (see pageWithBig).
+func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domain.UserID, before int64, n int, refresh bool, head string) *redis.Cmd {
 	from, ttl := "0", "0"
 	if before > 0 {
 		from = "(" + strconv.FormatInt(inboxScore(domain.PostID(before)), 10)
@@ -970,7 +990,11 @@ func (s *Store) queueInbox(ctx context.Context, pipe redis.Pipeliner, user domai
 	if refresh {
 		ttl = strconv.FormatInt(max(s.cfg.TTL.Milliseconds(), 1), 10)
 	}
-	return s.page.FCall(ctx, pipe, []string{s.userKey(user, stInboxSuffix)}, from, n, ttl)
+	keys := []string{s.userKey(user, stInboxSuffix)}
+	if head != "" && head != keys[0] {
+		keys = append(keys, head)
+	}
+	return s.page.FCall(ctx, pipe, keys, from, n, ttl)
 }
 
 // inboxScore is the score of post p in an inbox: 2^53 - p, newest first (see
@@ -997,6 +1021,7 @@ func (s *Store) queueOutbox(ctx context.Context, pipe redis.Pipeliner, author do
 type inboxPage struct {
 	floor   int64
 	seq     uint64
+	head    string // the head segment's key (a small inbox's: its meta)
 	members []string
 }
 
@@ -1010,18 +1035,22 @@ func stInboxPage(what string, cmd *redis.Cmd) (page inboxPage, ok bool, err erro
 	if err != nil {
 		return inboxPage{}, false, stFail(what, err)
 	}
-	if len(vals) < 2 {
+	if len(vals) < 3 {
 		return inboxPage{}, false, fmt.Errorf("%s: unexpected answer %v", what, vals)
 	}
-	page.members = make([]string, len(vals)-2)
+	page.members = make([]string, len(vals)-3)
 	specials := [2]float64{}
 	for i, v := range vals {
 		m, isString := v.(string)
 		if !isString {
 			return inboxPage{}, false, fmt.Errorf("%s: unexpected answer %v", what, vals)
 		}
-		if i >= 2 {
-			page.members[i-2] = m
+		switch {
+		case i == 2:
+			page.head = m
+			continue
+		case i > 2:
+			page.members[i-3] = m
 			continue
 		}
 		sc, err := strconv.ParseFloat(m, 64)
@@ -1036,11 +1065,12 @@ func stInboxPage(what string, cmd *redis.Cmd) (page inboxPage, ok bool, err erro
 
 // mergePage makes the page from the inbox's and the outboxes' reads: not
 // materialised without an inbox, else their posts at or above the highest of
-// their floors, newest first, without duplicates, at most n.
-func mergePage(what string, in *redis.Cmd, outs []pageSource, n int) (Page, error) {
+// their floors, newest first, without duplicates, at most n; and the key of
+// the inbox's head.
+func mergePage(what string, in *redis.Cmd, outs []pageSource, n int) (Page, string, error) {
 	inbox, ok, err := stInboxPage(what, in)
 	if err != nil || !ok {
-		return Page{}, err
+		return Page{}, "", err
 	}
 	floor := inbox.floor
 	all := make([]string, 0, n*(1+len(outs)))
@@ -1051,11 +1081,11 @@ func mergePage(what string, in *redis.Cmd, outs []pageSource, n int) (Page, erro
 			continue
 		}
 		if err != nil {
-			return Page{}, stFail(what, err)
+			return Page{}, "", stFail(what, err)
 		}
 		ms, err := o.posts.Result()
 		if err != nil {
-			return Page{}, stFail(what, err)
+			return Page{}, "", stFail(what, err)
 		}
 		floor = max(floor, stSpecial(f))
 		all = append(all, ms...)
@@ -1064,7 +1094,7 @@ func mergePage(what string, in *redis.Cmd, outs []pageSource, n int) (Page, erro
 	for _, m := range all {
 		p, err := stParsePost(m)
 		if err != nil {
-			return Page{}, fmt.Errorf("%s: %w", what, err)
+			return Page{}, "", fmt.Errorf("%s: %w", what, err)
 		}
 		if int64(p) >= floor {
 			posts = append(posts, p)
@@ -1077,7 +1107,7 @@ func mergePage(what string, in *redis.Cmd, outs []pageSource, n int) (Page, erro
 	if len(posts) > n {
 		posts = posts[:n]
 	}
-	return Page{Materialised: true, Posts: posts, Floor: floor}, nil
+	return Page{Materialised: true, Posts: posts, Floor: floor}, inbox.head, nil
 }
 
 // RequestMaterialise asks for user's inbox to be built, at most once per 30

@@ -19,10 +19,12 @@
 --            post_1 .. post_n
 --            op: 1 push, 2 remove, 3 merge, 4 unmerge, 5 materialise,
 --            6 reconcile, which is followed by a, allowed_1 .. allowed_a;
---            7 pushes, a run of k pushes of one post each: its seq the
---            last one's, in place of a floor its lowest post, and its n =
---            3k "posts" the pushes' seqs, rising, then each push's score
---            and post in turn, as ZADD takes them
+--            7 pushes, a run of k pushes of one post each: in place of its
+--            seq and floor the bounds of the count that tells where it goes
+--            (see run) as ZCOUNT takes them, the first push's "s" score and
+--            -(lowest+1) after "(", and its n = 3k "posts" the pushes'
+--            seqs, rising, then each push's score and post in turn, as
+--            ZADD takes them
 -- then       if l > 1, for each key in turn the number (1..l) of its list
 --
 -- One call carries many recipients, and recipients with the same items (the
@@ -58,12 +60,14 @@
 --       changes nothing; one whose post has gone since went by one of those,
 --       which set "s" above it. So "s" is at least the seq of the last item
 --       that took anything out, at most that of the last item applied. A
---       lone push into a small inbox (see lone) leaves it: it pays a count,
---       not the rewrite of "s" (Redis deletes and inserts a member whose
---       score changes), which cost it a fifth of its instructions. Every
---       other change sets it, which changes the meta: readers' caches hear
---       of an inbox's changes from its meta alone (see page.lua), and a
---       push into a segment changes no other member of it;
+--       push that only adds its posts to the head (see lone and run)
+--       leaves it: it pays a count, not the rewrite of "s" (Redis deletes
+--       and inserts a member whose score changes), which cost a lone push
+--       into a small inbox a fifth of its instructions and a run of two
+--       into a segmented one a tenth. Readers' caches hear of such a push
+--       from the head, which it changes (a small inbox's head is its meta),
+--       and of every other change from the meta, which it changes: page.lua
+--       names both;
 -- "b" = -(b+1), the head's lower bound: every post >= b belongs in segment h,
 --       every post below it in a lower one; b >= floor;
 -- "<g>:<h>/<r>/<t>", the layout, scored 0 (ZRANGEBYSCORE 0 0: the specials
@@ -184,50 +188,76 @@ end
 -- post count of one are looked up as strings; a floor is read only by the
 -- ops that use it.
 local opOf = {['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7}
--- readLists reads the call's item lists; it returns them and the index of
--- the first argument after them.
+-- count reads a count: counts of one are the most common, and the rest
+-- repeat from list to list (a call's list numbers, its runs' lengths), so
+-- each is converted once and kept in counts, which stays small (counts are
+-- bounded by a call's size; it is emptied if it ever holds more than 4 096).
+local counts, ncounts = {}, 0
 local function count(s)
   if s == '1' then return 1 end
-  return tonumber(s)
+  local n = counts[s]
+  if not n then
+    n = tonumber(s)
+    if ncounts >= 4096 then counts, ncounts = {}, 0 end
+    counts[s], ncounts = n, ncounts + 1
+  end
+  return n
 end
+-- readList reads the item list at ARGV[i] (its number of items); it
+-- returns it and the index of the argument after it.
+local function readList(i)
+  local list = {}
+  for k = 1, count(ARGV[i]) do
+    local op = opOf[ARGV[i + 1]] or tonumber(ARGV[i + 1])
+    -- Made with every field it may take (false: none), so that it is
+    -- made once, not grown field by field.
+    local it = {
+      op = op, seq = false, floor = false, first = 0, last = 0, afirst = 0, alast = -1, p = false,
+      post = false, score = false, lo = false, under = false,
+    }
+    if op > 2 and op < 7 then it.floor = tonumber(ARGV[i + 3]) end
+    it.first, it.last = i + 5, i + 4 + count(ARGV[i + 4])
+    if op == 7 then
+      -- Its last push's.
+      it.seq = ARGV[it.first + (it.last - it.first + 1) / 3 - 1] + 0
+    else
+      it.seq = ARGV[i + 2] + 0
+    end
+    i = it.last
+    if op == 6 then
+      it.afirst, it.alast = i + 2, i + 1 + tonumber(ARGV[i + 1])
+      i = it.alast
+    end
+    if it.first == it.last then it.p = ARGV[it.first] + 0 end
+    list[k] = it
+  end
+  -- A lone push: what a post's fan-out gives each follower.
+  if #list == 1 and list[1].op == 1 and list[1].p then
+    list.push = list[1]
+    local it = list[1]
+    it.post, it.score = ARGV[it.first], score(it.p)
+    it.lo, it.under = sScore(it.seq), '(' .. num(-(it.p + 1))
+  end
+  return list, i + 1
+end
+-- readLists reads the call's item lists; it returns them and the index of
+-- the first argument after them, and the runs. A list that is a run alone
+-- (what a recipient gets from a batch of posts under load) is a run: the
+-- index of its number of items, in runs, read by run as it goes (its list
+-- false), made a table only if the general way must take it: the tables
+-- cost a run of two a fifth of what it cost Redis.
 local function readLists()
-  local lists = {}
+  local lists, runs = {}, {}
   local i = 5
   for l = 1, count(ARGV[4]) do
-    local list = {}
-    for k = 1, count(ARGV[i]) do
-      local op = opOf[ARGV[i + 1]] or tonumber(ARGV[i + 1])
-      -- Made with every field it may take (false: none), so that it is
-      -- made once, not grown field by field.
-      local it = {
-        op = op, seq = ARGV[i + 2] + 0, floor = false, first = 0, last = 0, afirst = 0, alast = -1, p = false,
-        post = false, score = false, lo = false, under = false,
-      }
-      if op > 2 and op < 7 then it.floor = tonumber(ARGV[i + 3]) end
-      local n = ARGV[i + 4]
-      if n == '1' then n = 1 else n = tonumber(n) end
-      it.first, it.last = i + 5, i + 4 + n
-      i = it.last
-      if op == 6 then
-        it.afirst, it.alast = i + 2, i + 1 + tonumber(ARGV[i + 1])
-        i = it.alast
-      end
-      if it.first == it.last then it.p = ARGV[it.first] + 0 end
-      list[k] = it
+    if ARGV[i] == '1' and ARGV[i + 1] == '7' then
+      lists[l], runs[l] = false, i
+      i = i + 5 + count(ARGV[i + 4])
+    else
+      lists[l], i = readList(i)
     end
-    -- A run alone, what a recipient gets from a batch of posts.
-    if #list == 1 and list[1].op == 7 then list.run = list[1] end
-    -- A lone push: what a post's fan-out gives each follower.
-    if #list == 1 and list[1].op == 1 and list[1].p then
-      list.push = list[1]
-      local it = list[1]
-      it.post, it.score = ARGV[it.first], score(it.p)
-      it.lo, it.under = sScore(it.seq), '(' .. num(-(it.p + 1))
-    end
-    lists[l] = list
-    i = i + 1
   end
-  return lists, i
+  return lists, runs, i
 end
 
 -- The inbox being changed and what is known of it. The fields of its meta
@@ -692,11 +722,10 @@ local function lone(it)
     local head = key .. ':' .. hs
     local n = rcall('ZCARD', head)
     if n < S and tonumber(rs) + n < most then
-      -- Room in the head and in the inbox: the post goes in, and "s" takes
-      -- the item's seq, which changes the meta (see "s" above).
+      -- Room in the head and in the inbox: the post goes in, and the meta
+      -- stays as it is (see "s" above).
       local added = rcall('ZADD', head, it.score, it.post)
       if n == 0 then expireKey(head) end -- a new head, or one emptied by removals
-      rcall('ZADD', key, it.lo, 's')
       return added == 1
     end
   end
@@ -714,32 +743,49 @@ end
 -- run applies a run of pushes, an op 7 item alone in its list (what a
 -- recipient gets from a batch of posts under load), the way lone applies
 -- one push: in the case that holds nearly always, a segmented inbox whose
--- head takes every post and that needs no trim, in five commands and no
+-- head takes every post and that needs no trim, in four commands and no
 -- more Lua than they need. The general way costs a run some 200 000 Redis
 -- instructions more (loading and saving the meta as fields, the posts'
 -- tables), which made runs, not pushes, what Redis's thread spent itself on
 -- under load. It returns the number of posts it added (those of a run
 -- applied before are there already), or nil, having written nothing the
--- general way would not write again, when that must take it.
-local function run(it)
-  -- Its posts are ZADD's arguments as sent (ARGV[pa .. it.last]); its
+-- general way would not write again, when that must take it. Its list is
+-- at ARGV[at] (see readLists): 1, then the item, 7, the bounds of its
+-- count, n, and its n posts from at+5.
+local function run(at)
+  -- Its posts are ZADD's arguments as sent (ARGV[pa .. last]); its
   -- lowest tells where it goes, and its first seq whether it was applied
   -- before (its seqs rise: stAppendList), as a lone push's count does (see
   -- there): 0, into the head of a segmented inbox (or there is none);
-  -- anything else the general way.
-  local k = (it.last - it.first + 1) / 3
-  local pa = it.first + k
-  local low = ARGV[it.first - 2] + 0
-  if rcall('ZCOUNT', key, sScore(ARGV[it.first] + 0), '(' .. num(-(low + 1))) ~= 0 then return nil end
+  -- anything else the general way. The count's bounds are sent as ZCOUNT
+  -- takes them, the first push's "s" score and -(lowest+1) after "(".
+  local first, last = at + 5, at + 4 + count(ARGV[at + 4])
+  local k = (last - first + 1) / 3
+  local pa = first + k
+  if rcall('ZCOUNT', key, ARGV[at + 2], ARGV[at + 3]) ~= 0 then return nil end
   -- A segmented inbox's meta has no posts: its layout is last. (A small
   -- one's last member is a post, no layout; none, no inbox.)
   local lay = rcall('ZRANGE', key, '-1', '-1')[1] or ''
+  -- The usual case first, a head with room for the run and no trim, which
+  -- needs only the head's name and r from the layout "<g>:<h>/<r>/<t>":
+  -- taken apart with plain finds, it costs Redis a fifth of what parse's
+  -- pattern and conversions do (the whole of it, in a run of two).
+  local c = string.find(lay, '/', 1, true)
+  if not c then return nil end -- a small inbox's post, or none
+  local c2 = string.find(lay, '/', c + 1, true)
+  if not c2 then return nil end
+  local head = key .. ':' .. string.sub(lay, 1, c - 1)
+  local n = rcall('ZCARD', head)
+  -- A head that is new or emptied needs its TTL: the general way (so does
+  -- a small inbox's, whose head is its meta). So does a run longer than L,
+  -- the most a head holds.
+  if n == 0 or k > L then return nil end
+  if n + k <= S and string.sub(lay, c + 1, c2 - 1) + n + k <= most then
+    -- The meta stays as it is (see "s" above).
+    return rcall('ZADD', head, unpack(ARGV, pa, last))
+  end
   if not parse(lay) or h == 0 then return nil end
   hc, life = nil, nil
-  local n = rcall('ZCARD', seg(h))
-  -- A head that is new or emptied needs its TTL: the general way. So does
-  -- a run longer than L, the most a head holds.
-  if n == 0 or k > L then return nil end
   -- A head without room for the run: a new head takes it all if every post
   -- is newer than the head's newest (the general way fills the old head
   -- first; an emptier head is no less a segment), its lower bound above
@@ -751,7 +797,8 @@ local function run(it)
   local top
   if n + k > S then
     top = tonumber(rcall('ZRANGE', seg(h), '0', '0')[1])
-    if low <= top then return nil end
+    -- Its lowest post p, sent as "(" .. -(p+1).
+    if -string.sub(ARGV[at + 3], 2) - 1 <= top then return nil end
   end
   -- One that would hold more than most is trimmed to the cap, here only if
   -- the trim stays below the head (it does unless S is the cap), which
@@ -759,20 +806,20 @@ local function run(it)
   local below = r
   if top then below = r + n end
   if r + n + k > most and r + n + k - cap >= below then return nil end
-  -- Writes from here. "s" takes the run's seq, which changes the meta (see
-  -- "s" above).
+  -- Writes from here: a new head or a trim, which change the meta; "s"
+  -- takes the run's seq with them (see "s" above).
   local new, added = false, 0
   if top then
     r, h, b = r + n, h + 1, top + 1
-    added = rcall('ZADD', seg(h), unpack(ARGV, pa, it.last))
+    added = rcall('ZADD', seg(h), unpack(ARGV, pa, last))
     hc = added
     expire(h)
     new = true
   else
-    added = rcall('ZADD', seg(h), unpack(ARGV, pa, it.last))
+    added = rcall('ZADD', seg(h), unpack(ARGV, pa, last))
     hc = n + added
   end
-  local s = sScore(it.seq)
+  local s = sScore(ARGV[pa - 1] + 0) -- its last push's
   if r + hc > most then
     -- The floor becomes the oldest kept, the layout changes; the bound
     -- stays (the trim stops below the head).
@@ -787,8 +834,6 @@ local function run(it)
   elseif new then
     rcall('ZREM', key, lay)
     rcall('ZADD', key, s, 's', num(-(b + 1)), 'b', '0', layoutOf())
-  else
-    rcall('ZADD', key, s, 's')
   end
   return added
 end
@@ -813,21 +858,27 @@ local function apply(keys, args)
   -- stopped anywhere.
   key, exists, floor, seq, b, gen, h, t, r, was, segp, hc, life, dirty =
     nil, false, 0, 0, 0, nil, 0, 0, 0, {}, nil, nil, nil, false
-  local lists, i = readLists()
+  local lists, runs, i = readLists()
   -- With more than one list, ARGV[i + r - 1] is the list of KEYS[r].
-  local shared = #lists == 1 and lists[1]
+  local single = #lists == 1
   local applied, repaired = 0, 0
 
   for q = 1, #KEYS do
     key = KEYS[q]
-    local list = shared or lists[tonumber(ARGV[i + q - 1])]
+    local l = 1
+    if not single then l = count(ARGV[i + q - 1]) end
+    local list, at = lists[l], runs[l]
     local done
-    if list.push then
+    if at then
+      done = run(at)
+      if done then
+        applied = applied + done
+      else
+        list = readList(at)
+      end
+    elseif list.push then
       if lone(list.push) then applied = applied + 1 end
       done = true
-    elseif list.run then
-      done = run(list.run)
-      if done then applied = applied + done end
     end
     if not done then
       load()

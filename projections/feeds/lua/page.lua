@@ -1,8 +1,14 @@
 -- Reads a page of an inbox (see apply.lua for its layout): its floor, its
--- sequence ("s"), and at most n posts below a cursor, newest first,
--- atomically.
+-- sequence ("s"), its head's key, and at most n posts below a cursor,
+-- newest first, atomically.
 --
 -- KEYS[1] the inbox's meta, feed:v<N>:{<uid>}:iy
+-- KEYS[2] optional, the key the caller expects the inbox's head to have (not
+--         read as such): a reader that keeps pages by Redis's client-side
+--         caching must declare the head, since Redis 7.0 tracks the keys a
+--         call declares, not those its function reads, and a push into the
+--         head changes the head alone (see apply.lua). A page whose head is
+--         not the one declared is not tracked by it (see PageCache).
 -- ARGV[1] the lowest score (exclusive with "(") of the posts read: the
 --         cursor's, or "0" from the newest
 -- ARGV[2] n, the most posts read
@@ -10,12 +16,14 @@
 --         active), or "0"
 --
 -- Returns nil if the inbox does not exist (or has the unsegmented layout),
--- else {"f"'s score, "s"'s score, post_1 .. post_m}.
+-- else {"f"'s score, "s"'s score, the head's key, post_1 .. post_m}; a
+-- small inbox's head is its meta.
 --
 -- The refresh goes before the reads: Redis stops tracking a key for its
 -- readers' caches when the key is changed, so a read before it would be left
 -- untracked (see PageCache). Every change apply.lua makes to an inbox changes
--- its meta, which this reads: a reader tracking the meta hears of them all.
+-- its meta or, a push into the head, the head alone: a reader tracking both
+-- hears of them all.
 
 -- A function of a library of its own, as apply.lua is (see there), NAME.
 
@@ -40,7 +48,9 @@ local function page(KEYS, ARGV)
     for k = math.max(t, 1), h do rcall('PEXPIRE', segp .. k, life) end
   end
 
-  local out, n = {sc[1], sc[2]}, tonumber(ARGV[2])
+  local head = key
+  if h > 0 then head = segp .. hs end
+  local out, n = {sc[1], sc[2], head}, tonumber(ARGV[2])
   for k = h, t, -1 do
     if n <= 0 then break end
     local ms
