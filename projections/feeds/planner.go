@@ -860,9 +860,28 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 				return fmt.Errorf("publish work: %w", err)
 			}
 			acks = append(acks, ack)
+			if len(acks) == publishWindow {
+				if err := awaitAcks(ctx, acks); err != nil {
+					return err
+				}
+				acks = acks[:0]
+			}
 			items = items[n:]
 		}
 	}
+	return awaitAcks(ctx, acks)
+}
+
+// publishWindow bounds the planner's messages awaiting their acks. The
+// JetStream context's publishers share a bound of their own (4 000 by
+// default), and a publish that waits for room longer than a fifth of a
+// second fails: a batch cut into thousands of messages (a small
+// max_payload) failed that way under load, and filled the room the API's
+// commands publish in.
+const publishWindow = 256
+
+// awaitAcks waits for the server's acks of published work.
+func awaitAcks(ctx context.Context, acks []jetstream.PubAckFuture) error {
 	for _, a := range acks {
 		select {
 		case <-a.Ok():

@@ -55,7 +55,7 @@ type plannerRig struct {
 	pcfg  feeds.PlannerConfig
 	// bytes and biggest are the fan-out messages' bodies read back: in all,
 	// and the largest.
-	bytes, biggest int
+	bytes, biggest, msgs int
 }
 
 func newPlannerRig(t *testing.T, cfg feeds.Config) *plannerRig {
@@ -174,6 +174,7 @@ func (rig *plannerRig) work(t *testing.T) map[domain.UserID][]feeds.Item {
 		require.NoError(t, err)
 		rig.bytes += len(msg.Data)
 		rig.biggest = max(rig.biggest, len(msg.Data))
+		rig.msgs++
 		items, err := feeds.DecodeWork(msg.Data)
 		require.NoError(t, err)
 		for _, it := range items {
@@ -479,7 +480,7 @@ func TestPlannerKeepsMessagesUnderTheServersLimit(t *testing.T) {
 	require.Equal(t, want.state, got.state)
 	assert.Greater(t, rig.bytes, 2*3*3*limit, "the work is not several times the limit in each partition of each batch: the test proves nothing")
 	assert.LessOrEqual(t, rig.biggest, limit)
-	t.Logf("%d bytes of work, the largest message %d", rig.bytes, rig.biggest)
+	t.Logf("%d bytes of work in %d messages, the largest %d", rig.bytes, rig.msgs, rig.biggest)
 }
 
 // TestPlannerSkipsWhatItAppliedAlready: after a crash between storing its
