@@ -20,15 +20,16 @@ import (
 // again costs no round trip to Redis, and stays true by Redis's
 // server-assisted client-side caching: the pages are read on connections
 // with CLIENT TRACKING on, and Redis sends the name of every key they read
-// to one subscriber connection when the key next changes.
+// (of a function call, every key it declares) to one subscriber connection
+// when the key next changes.
 //
 // A page depends on the keys its read named: the inbox's meta and its head
 // segment (a push into the head changes the head alone), the user's
-// followees and the big set, and the outboxes it merged. It is served only while none
-// of them has been heard of as changed since its read began, so a read that
-// an invalidation overtook is never kept. An invalidation in flight is the
-// one window where a page may be older than Redis: a read that must see a
-// log position (X-Min-Position) therefore goes to Redis.
+// followees and the big set, and the outboxes it merged. It is served only
+// while none of them has been heard of as changed since its read began, so a
+// read that an invalidation overtook is never kept. An invalidation in
+// flight is the one window where a page may be older than Redis: a read that
+// must see a log position (X-Min-Position) therefore goes to Redis.
 //
 // While the subscriber is not connected nothing is served from memory, and
 // every (re)connection starts from an empty cache with new tracked
@@ -204,16 +205,19 @@ func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, 
 		// worth keeping.
 		return page, err
 	}
-	if read.head != head && read.head != inbox {
-		// Read without its head declared (the first read of the inbox, or
-		// its head moved since the last one): Redis will not say when a
-		// push changes the head, so the page is not kept; the next read
-		// declares the head.
+	if read.head != head {
+		// The next read declares the head as read.
 		c.mu.Lock()
 		c.heads.Add(inbox, read.head)
 		c.mu.Unlock()
-		page.Posts = slices.Clip(page.Posts)
-		return page, nil
+		if read.head != inbox {
+			// Read without its head declared (the first read of the inbox,
+			// or its head moved since the last one): Redis will not say when
+			// a push changes the head, so the page is not kept. (A small
+			// inbox's head is its meta, which every read declares.)
+			page.Posts = slices.Clip(page.Posts)
+			return page, nil
+		}
 	}
 	if c.beforeFill != nil {
 		c.beforeFill()

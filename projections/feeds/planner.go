@@ -875,9 +875,9 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 // publishWindow bounds the planner's messages awaiting their acks. The
 // JetStream context's publishers share a bound of their own (4 000 by
 // default), and a publish that waits for room longer than a fifth of a
-// second fails: a batch cut into thousands of messages (a small
-// max_payload) failed that way under load, and filled the room the API's
-// commands publish in.
+// second fails: a batch cut into thousands of messages (the planner tests'
+// five items a message) failed that way under load, and filled the room the
+// API's commands publish in.
 const publishWindow = 256
 
 // awaitAcks waits for the server's acks of published work.
