@@ -27,11 +27,11 @@ import (
 // A page depends on the keys its read named: the inbox (its meta, and its
 // head segment, which a push into the head changes alone: a change to a
 // segment is heard as the inbox's), the user's followees and the big set,
-// and the outboxes it merged. It is served only
-// while none of them has been heard of as changed since its read began, so a
-// read that an invalidation overtook is never kept. An invalidation in
-// flight is the one window where a page may be older than Redis: a read that
-// must see a log position (X-Min-Position) therefore goes to Redis.
+// and the outboxes it merged. It is served only while none of them has been
+// heard of as changed since its read began, so a read that an invalidation
+// overtook is never kept. An invalidation in flight is the one window where
+// a page may be older than Redis: a read that must see a log position
+// (X-Min-Position) therefore goes to Redis.
 //
 // While the subscriber is not connected nothing is served from memory, and
 // every (re)connection starts from an empty cache with new tracked
