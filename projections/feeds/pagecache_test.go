@@ -184,6 +184,38 @@ func TestPageCacheDoesNotKeepAReadOvertakenByAChange(t *testing.T) {
 	assert.Zero(t, c.Lookups("hit"))
 }
 
+// TestPageCacheDoesNotKeepAReadOvertakenByAPushIntoTheHead: the same race
+// where the change is a push into a segmented inbox's head, which leaves the
+// meta as it is: the read that declared the head hears of it, and the page is
+// not kept.
+func TestPageCacheDoesNotKeepAReadOvertakenByAPushIntoTheHead(t *testing.T) {
+	t.Parallel()
+	s, c, _ := newPageCache(t, feeds.Config{InboxCap: 8, SegmentSize: 5, TTL: time.Hour})
+	ctx := t.Context()
+	// Segments {10 .. 50} and {60}: the head has room.
+	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
+	require.NoError(t, err)
+	// The first read learns the head (and is not kept: it did not declare it).
+	assert.Equal(t, ids(60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts)
+
+	var overtaken bool
+	c.SetBeforeFill(func() {
+		if overtaken {
+			return
+		}
+		overtaken = true
+		heard := c.Invalidations()
+		_, err := s.ApplyItems(context.Background(), []feeds.Item{push(2, 70)})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return c.Invalidations() > heard }, 2*time.Second, time.Millisecond,
+			"the push into the head is heard by the read that declared it")
+	})
+	assert.Equal(t, ids(60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts, "the read before the push")
+	require.True(t, overtaken, "the second read declared the head and was about to be kept")
+	assert.Equal(t, ids(70, 60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts, "the read after it")
+	assert.Zero(t, c.Lookups("hit"))
+}
+
 // TestPageCacheAfterItsSubscriberIsKilled: when the connection that hears
 // the invalidations is lost, nothing cached before is served, and the pages
 // cached after its reconnection are invalidated through the new connection.
