@@ -158,6 +158,26 @@ func TestPageCacheSeesPushesIntoSegments(t *testing.T) {
 	kept("after a push into that head", ids(120, 110, 100, 90, 80, 70, 60, 50, 40, 30))
 }
 
+// overtakeOnce makes the cache's next fill of a page wait until item has
+// been applied and its invalidation heard: a change overtaking a read. The
+// result reports whether it happened.
+func overtakeOnce(t *testing.T, s *feeds.Store, c *feeds.PageCache, item feeds.Item) *bool {
+	t.Helper()
+	overtaken := new(bool)
+	c.SetBeforeFill(func() {
+		if *overtaken {
+			return
+		}
+		*overtaken = true
+		heard := c.Invalidations()
+		_, err := s.ApplyItems(context.Background(), []feeds.Item{item})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return c.Invalidations() > heard }, 2*time.Second, time.Millisecond,
+			"the change is heard by the read it overtook")
+	})
+	return overtaken
+}
+
 // TestPageCacheDoesNotKeepAReadOvertakenByAChange: a page whose key changes
 // after it was read from Redis, and before it enters the cache, is not kept:
 // the invalidation that came meanwhile must not be lost.
@@ -168,17 +188,7 @@ func TestPageCacheDoesNotKeepAReadOvertakenByAChange(t *testing.T) {
 	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
 	require.NoError(t, err)
 
-	var overtaken bool
-	c.SetBeforeFill(func() {
-		if overtaken {
-			return
-		}
-		overtaken = true
-		heard := c.Invalidations()
-		_, err := s.ApplyItems(context.Background(), []feeds.Item{push(2, 30)})
-		require.NoError(t, err)
-		require.Eventually(t, func() bool { return c.Invalidations() > heard }, 2*time.Second, time.Millisecond)
-	})
+	overtakeOnce(t, s, c, push(2, 30))
 	assert.Equal(t, ids(20, 10), cachedPage(t, c).Posts, "the read before the push")
 	assert.Equal(t, ids(30, 20, 10), cachedPage(t, c).Posts, "the read after it")
 	assert.Zero(t, c.Lookups("hit"))
@@ -198,20 +208,9 @@ func TestPageCacheDoesNotKeepAReadOvertakenByAPushIntoTheHead(t *testing.T) {
 	// The first read learns the head (and is not kept: it did not declare it).
 	assert.Equal(t, ids(60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts)
 
-	var overtaken bool
-	c.SetBeforeFill(func() {
-		if overtaken {
-			return
-		}
-		overtaken = true
-		heard := c.Invalidations()
-		_, err := s.ApplyItems(context.Background(), []feeds.Item{push(2, 70)})
-		require.NoError(t, err)
-		require.Eventually(t, func() bool { return c.Invalidations() > heard }, 2*time.Second, time.Millisecond,
-			"the push into the head is heard by the read that declared it")
-	})
+	overtaken := overtakeOnce(t, s, c, push(2, 70))
 	assert.Equal(t, ids(60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts, "the read before the push")
-	require.True(t, overtaken, "the second read declared the head and was about to be kept")
+	require.True(t, *overtaken, "the second read declared the head and was about to be kept")
 	assert.Equal(t, ids(70, 60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts, "the read after it")
 	assert.Zero(t, c.Lookups("hit"))
 }
