@@ -141,6 +141,11 @@ func (h *commands) createPost(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	// Only durable images may be referred to; the uploads that arrive together
+	// share one sync (group commit).
+	if err := h.media.Sync(c.UserContext()); err != nil {
+		return err
+	}
 	postID, createdAt := h.ids.Next(h.now())
 	ev := events.PostCreated{
 		PostID:    domain.PostID(postID),
@@ -152,8 +157,8 @@ func (h *commands) createPost(c *fiber.Ctx) error {
 	for i, img := range images {
 		ev.Media[i] = events.Media{Key: img.Key, ContentType: img.ContentType, Width: img.Width, Height: img.Height, Size: img.Size}
 	}
-	// The images are stored; only now may an event refer to them. If the append
-	// fails there is no post, only files a cleaner may remove.
+	// The images are stored and synced; only now may an event refer to them. If
+	// the append fails there is no post, only images nothing refers to.
 	seq, first, err := h.appendEvent(c.UserContext(), id, ev)
 	if err != nil {
 		return err

@@ -298,10 +298,11 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	if err != nil {
 		return fmt.Errorf("FEED_NODE_ID: %w", err)
 	}
-	store, err := media.NewDir(filepath.Join(cfg.DataDir, "media"))
+	store, err := media.NewPack(filepath.Join(cfg.DataDir, "media"))
 	if err != nil {
 		return err
 	}
+	defer func() { _ = store.Close() }()
 
 	checks := []feedhttp.Check{
 		{Name: "log", Probe: func(ctx context.Context) error { _, err := in.log.Head(ctx); return err }},

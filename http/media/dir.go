@@ -162,9 +162,12 @@ func (d *Dir) Save(ctx context.Context, r io.Reader, maxSize int64) (Image, erro
 	return img, nil
 }
 
+// Sync implements Store: Save has synced each image already.
+func (d *Dir) Sync(ctx context.Context) error { return ctx.Err() }
+
 // inspect decides the format of the n bytes in f from their content and reads
 // its header.
-func inspect(f *os.File, n int64) (format, image.Config, error) {
+func inspect(f io.ReaderAt, n int64) (format, image.Config, error) {
 	head := make([]byte, min(n, sniffLen))
 	if _, err := f.ReadAt(head, 0); err != nil {
 		return format{}, image.Config{}, fmt.Errorf("save image: %w", err)

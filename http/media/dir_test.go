@@ -274,24 +274,28 @@ func TestSaveWritesTemporaryFilesInTheShards(t *testing.T) {
 
 func TestSaveConcurrentSameImage(t *testing.T) {
 	d, root := newDir(t)
-	data := gifBytes(t, 20, 20)
+	img := saveAtOnce(t, d, gifBytes(t, 20, 20), 8)
+	assert.Equal(t, []string{shardPath(img.Key)}, files(t, root))
+}
 
-	const n = 8
+// saveAtOnce saves data n times at once into s, checks that every save
+// returned the same image, and returns it.
+func saveAtOnce(t *testing.T, s media.Store, data []byte, n int) media.Image {
+	t.Helper()
 	imgs := make([]media.Image, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			imgs[i], errs[i] = d.Save(t.Context(), bytes.NewReader(data), limit)
+			imgs[i], errs[i] = s.Save(t.Context(), bytes.NewReader(data), limit)
 		})
 	}
 	wg.Wait()
-
 	for i := range n {
 		require.NoError(t, errs[i])
 		assert.Equal(t, imgs[0], imgs[i])
 	}
-	assert.Equal(t, []string{shardPath(imgs[0].Key)}, files(t, root))
+	return imgs[0]
 }
 
 func TestOpenUnknownOrMalformedKeyIsNotFound(t *testing.T) {

@@ -33,6 +33,8 @@ type Image struct {
 type Store interface {
 	// Save reads r to its end, at most maxSize bytes, checks that the content is a
 	// supported image, stores it atomically under its key and returns its metadata.
+	// The image is durable (survives a crash of the machine) once a Sync called
+	// after Save returned has returned.
 	// Saving the same bytes twice is fine and returns the same Image. More than
 	// maxSize bytes is domain.ErrTooLarge, an empty body domain.ErrInvalid, and
 	// anything that is not a JPEG, PNG, GIF or WebP image with a readable header
@@ -42,6 +44,9 @@ type Store interface {
 	// Size are set; Width and Height may be zero). Unknown and malformed keys are
 	// domain.ErrNotFound. The caller closes the reader.
 	Open(ctx context.Context, key string) (io.ReadCloser, Image, error)
+	// Sync returns when every image whose Save returned before it was called is
+	// durable; nothing may refer to an image before then.
+	Sync(ctx context.Context) error
 }
 
 // MaxSide is the largest width or height, in pixels, an image may declare.
