@@ -3,9 +3,9 @@ package media
 import (
 	"bytes"
 	"context"
+	"errors"
 	"image"
 	"image/png"
-	"errors"
 	"testing"
 	"time"
 
