@@ -46,7 +46,8 @@ type Pack struct {
 	wmu sync.Mutex
 	// mu guards the index, the segments and the unsynced set.
 	mu       sync.RWMutex
-	index    map[[sha256.Size]byte]location
+	index    map[uint64]location // by the first 8 bytes of the image's SHA-256
+	more     map[[sha256.Size]byte]location
 	segments []*segment // by number; the last is appended to
 	unsynced []*segment // written to since the last sync began
 	broken   error      // a failed sync: nothing written since is trusted
@@ -62,13 +63,17 @@ type segment struct {
 	size int64
 }
 
-// location is where an image's bytes are in the packs.
+// location is where an image's record is. The index holds one for every
+// image stored, so it is small: 16 bytes, under a key of 8 (the first bytes
+// of the image's hash; the record's header has the rest). Images whose hashes
+// share their first 8 bytes with another's are in more, by their whole hash.
 type location struct {
-	segment *segment
-	offset  int64 // of the bytes, past the record's header
-	size    int64
-	format  format
+	offset  int64  // of the record's header
+	segment uint32 // in segments
+	size    uint32 // of the bytes
 }
+
+func prefix(sum [sha256.Size]byte) uint64 { return binary.LittleEndian.Uint64(sum[:8]) }
 
 // A record is a header and the image's bytes. The header, little-endian:
 //
@@ -124,7 +129,7 @@ func NewPack(path string) (*Pack, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pack{path: dir, legacy: legacy, lock: lock, segmentSize: segmentLimit, index: map[[sha256.Size]byte]location{}}
+	p := &Pack{path: dir, legacy: legacy, lock: lock, segmentSize: segmentLimit, index: map[uint64]location{}, more: map[[sha256.Size]byte]location{}}
 	p.syncs.flush = p.flush
 	if err := p.load(); err != nil {
 		_ = p.Close()
@@ -201,6 +206,7 @@ func (p *Pack) scan(s *segment, last bool) error {
 	var off int64
 	for off < end {
 		loc, sum, err := readRecord(s, off, end, hdr[:], last)
+		loc.segment = uint32(len(p.segments) - 1)
 		if err != nil {
 			if !last {
 				return fmt.Errorf("media pack %s is damaged at offset %d: %w", s.f.Name(), off, err)
@@ -213,8 +219,10 @@ func (p *Pack) scan(s *segment, last bool) error {
 			}
 			break
 		}
-		p.index[sum] = loc
-		off = loc.offset + loc.size
+		if err := p.insert(sum, loc); err != nil {
+			return err
+		}
+		off = loc.offset + headerSize + int64(loc.size)
 	}
 	s.size = off
 	return nil
@@ -238,10 +246,10 @@ func readRecord(s *segment, off, end int64, hdr []byte, check bool) (location, [
 		return location{}, sum, errors.New("a record past the end or of no known format")
 	}
 	copy(sum[:], hdr[20:52])
-	loc := location{segment: s, offset: off + headerSize, size: size, format: formats[code-1]}
+	loc := location{offset: off, size: uint32(size)}
 	if check {
 		h := crc32.New(castagnoli)
-		if _, err := io.Copy(h, io.NewSectionReader(s.f, loc.offset, size)); err != nil {
+		if _, err := io.Copy(h, io.NewSectionReader(s.f, off+headerSize, size)); err != nil {
 			return location{}, sum, err
 		}
 		if h.Sum32() != binary.LittleEndian.Uint32(hdr[52:]) {
@@ -383,12 +391,15 @@ func (p *Pack) append(up *upload, fm format) error {
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
 	p.mu.RLock()
-	_, have := p.index[up.sum]
+	_, _, have, err := p.lookup(up.sum)
 	broken := p.broken
 	s := p.segments[len(p.segments)-1]
 	p.mu.RUnlock()
 	if broken != nil {
 		return broken
+	}
+	if err != nil {
+		return err
 	}
 	if have {
 		// Stored, and synced by the Sync that follows this Save if not yet.
@@ -410,8 +421,7 @@ func (p *Pack) append(up *upload, fm format) error {
 	copy(hdr[20:52], up.sum[:])
 	binary.LittleEndian.PutUint32(hdr[52:], up.crc)
 	binary.LittleEndian.PutUint32(hdr[56:], crc32.Checksum(hdr[:56], castagnoli))
-	err := p.write(s, hdr[:], up)
-	if err != nil {
+	if err := p.write(s, hdr[:], up); err != nil {
 		// Nothing after s.size is indexed; cut it off so the next append
 		// starts where this one did.
 		if terr := s.f.Truncate(s.size); terr != nil {
@@ -420,13 +430,51 @@ func (p *Pack) append(up *upload, fm format) error {
 		return err
 	}
 	p.mu.Lock()
-	p.index[up.sum] = location{segment: s, offset: s.size + headerSize, size: up.size, format: fm}
+	defer p.mu.Unlock()
+	if err := p.insert(up.sum, location{offset: s.size, segment: uint32(len(p.segments) - 1), size: uint32(up.size)}); err != nil {
+		return err
+	}
 	s.size += headerSize + up.size
 	if !slices.Contains(p.unsynced, s) {
 		p.unsynced = append(p.unsynced, s)
 	}
-	p.mu.Unlock()
 	return nil
+}
+
+// lookup finds the image whose bytes hash to sum, and its format's code,
+// reading its record's header. Called with mu held.
+func (p *Pack) lookup(sum [sha256.Size]byte) (location, byte, bool, error) {
+	loc, ok := p.index[prefix(sum)]
+	if !ok {
+		return location{}, 0, false, nil
+	}
+	for range 2 {
+		var hdr [headerSize]byte
+		if _, err := p.segments[loc.segment].f.ReadAt(hdr[:], loc.offset); err != nil {
+			return location{}, 0, false, fmt.Errorf("media pack: %w", err)
+		}
+		if [sha256.Size]byte(hdr[20:52]) == sum {
+			return loc, hdr[4], true, nil
+		}
+		if loc, ok = p.more[sum]; !ok {
+			break
+		}
+	}
+	return location{}, 0, false, nil
+}
+
+// insert indexes the image whose bytes hash to sum at loc, unless it is
+// indexed already. Called with mu held for writing.
+func (p *Pack) insert(sum [sha256.Size]byte, loc location) error {
+	if _, taken := p.index[prefix(sum)]; !taken {
+		p.index[prefix(sum)] = loc
+		return nil
+	}
+	_, _, have, err := p.lookup(sum)
+	if err == nil && !have {
+		p.more[sum] = loc
+	}
+	return err
 }
 
 // write writes a record at the end of s.
@@ -500,16 +548,23 @@ func (p *Pack) Open(ctx context.Context, key string) (io.ReadCloser, Image, erro
 		return nil, Image{}, fmt.Errorf("image %q: %w", key, domain.ErrNotFound)
 	}
 	p.mu.RLock()
-	loc, have := p.index[sum]
+	loc, code, have, err := p.lookup(sum)
+	var f *os.File
+	if have {
+		f = p.segments[loc.segment].f
+	}
 	p.mu.RUnlock()
+	if err != nil {
+		return nil, Image{}, fmt.Errorf("open image %s: %w", key, err)
+	}
 	if !have {
 		return p.legacy.Open(ctx, key)
 	}
-	if loc.format.ext != fm.ext {
+	if code != formatCode(fm) {
 		return nil, Image{}, fmt.Errorf("image %s: %w", key, domain.ErrNotFound)
 	}
-	r := io.NewSectionReader(loc.segment.f, loc.offset, loc.size)
-	return readNopCloser{r}, Image{Key: key, ContentType: fm.contentType, Size: loc.size}, nil
+	r := io.NewSectionReader(f, loc.offset+headerSize, int64(loc.size))
+	return readNopCloser{r}, Image{Key: key, ContentType: fm.contentType, Size: int64(loc.size)}, nil
 }
 
 type readNopCloser struct{ *io.SectionReader }

@@ -3,9 +3,11 @@ package media
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"image"
 	"image/png"
+	"io"
 	"testing"
 	"time"
 
@@ -84,4 +86,40 @@ func TestPackFailsForGoodAfterAFailedSync(t *testing.T) {
 	_, err = p.Save(t.Context(), &img, 5<<20)
 	require.ErrorContains(t, err, "must be reopened")
 	require.ErrorContains(t, p.Sync(t.Context()), "must be reopened")
+}
+
+// TestPackTellsImagesApartWhoseHashesStartAlike: the index is keyed by the
+// first 8 bytes of a hash; an image whose hash starts like another's is
+// indexed by its whole hash, and each opens as itself.
+func TestPackTellsImagesApartWhoseHashesStartAlike(t *testing.T) {
+	p, err := NewPack(t.TempDir())
+	require.NoError(t, err)
+	defer p.Close()
+	encode := func(w int) []byte {
+		var b bytes.Buffer
+		require.NoError(t, png.Encode(&b, image.NewGray(image.Rect(0, 0, w, 1))))
+		return b.Bytes()
+	}
+	a, b := encode(1), encode(2)
+	imgA, err := p.Save(t.Context(), bytes.NewReader(a), 5<<20)
+	require.NoError(t, err)
+	// As if b's hash started like a's.
+	p.mu.Lock()
+	p.index[prefix(sha256.Sum256(b))] = p.index[prefix(sha256.Sum256(a))]
+	p.mu.Unlock()
+
+	imgB, err := p.Save(t.Context(), bytes.NewReader(b), 5<<20)
+	require.NoError(t, err)
+	assert.Len(t, p.more, 1)
+	again, err := p.Save(t.Context(), bytes.NewReader(b), 5<<20)
+	require.NoError(t, err)
+	assert.Equal(t, imgB, again)
+	assert.Len(t, p.more, 1, "found, not stored again")
+	for key, want := range map[string][]byte{imgA.Key: a, imgB.Key: b} {
+		rc, _, err := p.Open(t.Context(), key)
+		require.NoError(t, err)
+		got, err := io.ReadAll(rc)
+		require.NoError(t, err)
+		assert.Equal(t, want, got)
+	}
 }
