@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,8 +47,8 @@ type Pack struct {
 	wmu sync.Mutex
 	// mu guards the index, the segments and the unsynced set.
 	mu       sync.RWMutex
-	index    map[uint64]location // by the first 8 bytes of the image's SHA-256
-	more     map[[sha256.Size]byte]location
+	index    map[uint64]slot // by the first 8 bytes of the image's SHA-256
+	more     map[[sha256.Size]byte]slot
 	segments []*segment // by number; the last is appended to
 	unsynced []*segment // written to since the last sync began
 	broken   error      // a failed sync: nothing written since is trusted
@@ -63,15 +64,21 @@ type segment struct {
 	size int64
 }
 
-// location is where an image's record is. The index holds one for every
-// image stored, so it is small: 16 bytes, under a key of 8 (the first bytes
-// of the image's hash; the record's header has the rest). Images whose hashes
-// share their first 8 bytes with another's are in more, by their whole hash.
+// location is where an image's record is, and what its header says of it.
 type location struct {
 	offset  int64  // of the record's header
 	segment uint32 // in segments
 	size    uint32 // of the bytes
+	code    byte   // of the format
 }
+
+// slot is a location as the index holds it, one for every image stored: the
+// segment and the offset, 8 bytes under a key of 8 (the first bytes of the
+// image's hash); the record's header has the rest. Images whose hashes share
+// their first 8 bytes with another's are in more, by their whole hash.
+type slot uint64
+
+func slotOf(l location) slot { return slot(uint64(l.segment)<<32 | uint64(l.offset)) }
 
 func prefix(sum [sha256.Size]byte) uint64 { return binary.LittleEndian.Uint64(sum[:8]) }
 
@@ -129,7 +136,7 @@ func NewPack(path string) (*Pack, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pack{path: dir, legacy: legacy, lock: lock, segmentSize: segmentLimit, index: map[uint64]location{}, more: map[[sha256.Size]byte]location{}}
+	p := &Pack{path: dir, legacy: legacy, lock: lock, segmentSize: segmentLimit, index: map[uint64]slot{}, more: map[[sha256.Size]byte]slot{}}
 	p.syncs.flush = p.flush
 	if err := p.load(); err != nil {
 		_ = p.Close()
@@ -246,7 +253,7 @@ func readRecord(s *segment, off, end int64, hdr []byte, check bool) (location, [
 		return location{}, sum, errors.New("a record past the end or of no known format")
 	}
 	copy(sum[:], hdr[20:52])
-	loc := location{offset: off, size: uint32(size)}
+	loc := location{offset: off, size: uint32(size), code: byte(code)}
 	if check {
 		h := crc32.New(castagnoli)
 		if _, err := io.Copy(h, io.NewSectionReader(s.f, off+headerSize, size)); err != nil {
@@ -391,7 +398,7 @@ func (p *Pack) append(up *upload, fm format) error {
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
 	p.mu.RLock()
-	_, _, have, err := p.lookup(up.sum)
+	_, have, err := p.lookup(up.sum)
 	broken := p.broken
 	s := p.segments[len(p.segments)-1]
 	p.mu.RUnlock()
@@ -431,7 +438,7 @@ func (p *Pack) append(up *upload, fm format) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.insert(up.sum, location{offset: s.size, segment: uint32(len(p.segments) - 1), size: uint32(up.size)}); err != nil {
+	if err := p.insert(up.sum, location{offset: s.size, segment: uint32(len(p.segments) - 1)}); err != nil {
 		return err
 	}
 	s.size += headerSize + up.size
@@ -441,38 +448,39 @@ func (p *Pack) append(up *upload, fm format) error {
 	return nil
 }
 
-// lookup finds the image whose bytes hash to sum, and its format's code,
-// reading its record's header. Called with mu held.
-func (p *Pack) lookup(sum [sha256.Size]byte) (location, byte, bool, error) {
-	loc, ok := p.index[prefix(sum)]
-	if !ok {
-		return location{}, 0, false, nil
-	}
-	for range 2 {
+// lookup finds the image whose bytes hash to sum, reading its record's
+// header. Called with mu held.
+func (p *Pack) lookup(sum [sha256.Size]byte) (location, bool, error) {
+	at, ok := p.index[prefix(sum)]
+	for ok {
+		loc := location{segment: uint32(at >> 32), offset: int64(at & math.MaxUint32)}
 		var hdr [headerSize]byte
 		if _, err := p.segments[loc.segment].f.ReadAt(hdr[:], loc.offset); err != nil {
-			return location{}, 0, false, fmt.Errorf("media pack: %w", err)
+			return location{}, false, fmt.Errorf("media pack: %w", err)
 		}
 		if [sha256.Size]byte(hdr[20:52]) == sum {
-			return loc, hdr[4], true, nil
+			loc.size, loc.code = binary.LittleEndian.Uint32(hdr[8:]), hdr[4]
+			return loc, true, nil
 		}
-		if loc, ok = p.more[sum]; !ok {
-			break
+		if next, more := p.more[sum]; more && next != at {
+			at = next
+		} else {
+			ok = false
 		}
 	}
-	return location{}, 0, false, nil
+	return location{}, false, nil
 }
 
 // insert indexes the image whose bytes hash to sum at loc, unless it is
 // indexed already. Called with mu held for writing.
 func (p *Pack) insert(sum [sha256.Size]byte, loc location) error {
 	if _, taken := p.index[prefix(sum)]; !taken {
-		p.index[prefix(sum)] = loc
+		p.index[prefix(sum)] = slotOf(loc)
 		return nil
 	}
-	_, _, have, err := p.lookup(sum)
+	_, have, err := p.lookup(sum)
 	if err == nil && !have {
-		p.more[sum] = loc
+		p.more[sum] = slotOf(loc)
 	}
 	return err
 }
@@ -548,7 +556,7 @@ func (p *Pack) Open(ctx context.Context, key string) (io.ReadCloser, Image, erro
 		return nil, Image{}, fmt.Errorf("image %q: %w", key, domain.ErrNotFound)
 	}
 	p.mu.RLock()
-	loc, code, have, err := p.lookup(sum)
+	loc, have, err := p.lookup(sum)
 	var f *os.File
 	if have {
 		f = p.segments[loc.segment].f
@@ -560,7 +568,7 @@ func (p *Pack) Open(ctx context.Context, key string) (io.ReadCloser, Image, erro
 	if !have {
 		return p.legacy.Open(ctx, key)
 	}
-	if code != formatCode(fm) {
+	if loc.code != formatCode(fm) {
 		return nil, Image{}, fmt.Errorf("image %s: %w", key, domain.ErrNotFound)
 	}
 	r := io.NewSectionReader(f, loc.offset+headerSize, int64(loc.size))
