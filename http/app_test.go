@@ -32,7 +32,7 @@ type testApp struct {
 	js    jetstream.JetStream
 	nats  *localstack.NATS
 	auth  *Authenticator
-	media *media.Dir
+	media *media.Pack
 	now   time.Time
 }
 
@@ -47,8 +47,9 @@ func newTestApp(t *testing.T, checks ...Check) *testApp {
 	log, err := events.OpenLog(context.Background(), js, events.Config{}, nil)
 	require.NoError(t, err)
 	t.Cleanup(log.Close)
-	store, err := media.NewDir(t.TempDir())
+	store, err := media.NewPack(t.TempDir())
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
 	auth, err := NewAuthenticator(testSecret, nil)
 	require.NoError(t, err)
 	ids, err := domain.NewIDGenerator(1)

@@ -97,7 +97,11 @@ func runCommandLoad(b *testing.B, kind string, d time.Duration) (float64, int) {
 		b.Fatal(err)
 	}
 	defer log.Close()
-	store, _ := media.NewDir(dir + "/media")
+	store, err := media.NewPack(dir + "/media")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
 	auth, _ := NewAuthenticator(testSecret, nil)
 	ids, _ := domain.NewIDGenerator(1)
 	reg := prometheus.NewRegistry()
