@@ -39,6 +39,10 @@ type Config struct {
 	// ConsistencyWait bounds how long a read waits for its projection to reach
 	// the request's X-Min-Position; default 2s.
 	ConsistencyWait time.Duration
+	// OperationsOnly serves the operations' routes alone (/healthz, /readyz,
+	// /metrics, /openapi.yaml and the admin routes), not the contract's: a
+	// process without the api role. Deps.Media may then be nil.
+	OperationsOnly bool
 }
 
 func (c Config) withDefaults() Config {
@@ -115,6 +119,10 @@ func NewServer(deps Deps, cfg Config) *Server {
 	s.app.Get("/readyz", s.readyz)
 	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{})))
 	s.app.Get("/openapi.yaml", s.openAPI)
+	if cfg.OperationsOnly {
+		registerAdmin(s.app, deps)
+		return s
+	}
 
 	cmd := newCommands(deps)
 	auth := deps.Auth.requireAuth

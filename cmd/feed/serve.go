@@ -298,11 +298,18 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	if err != nil {
 		return fmt.Errorf("FEED_NODE_ID: %w", err)
 	}
-	store, err := media.NewPack(filepath.Join(cfg.DataDir, "media"))
-	if err != nil {
-		return err
+	// The media store is the api role's: one process at a time may open a
+	// media directory.
+	api := slices.Contains(cfg.Roles, roleAPI)
+	var store media.Store
+	if api {
+		pack, err := media.NewPack(filepath.Join(cfg.DataDir, "media"))
+		if err != nil {
+			return err
+		}
+		defer func() { _ = pack.Close() }()
+		store = pack
 	}
-	defer func() { _ = store.Close() }()
 
 	checks := []feedhttp.Check{
 		{Name: "log", Probe: func(ctx context.Context) error { _, err := in.log.Head(ctx); return err }},
@@ -408,7 +415,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	if postCache != nil {
 		deps.FeedPosts = postCache
 	}
-	srv := feedhttp.NewServer(deps, feedhttp.Config{ConsistencyWait: cfg.ConsistencyWait})
+	srv := feedhttp.NewServer(deps, feedhttp.Config{ConsistencyWait: cfg.ConsistencyWait, OperationsOnly: !api})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {

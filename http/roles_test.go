@@ -1,0 +1,40 @@
+package http
+
+import (
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+)
+
+// TestOperationsOnlyServesNoContractRoute: a process without the api role (no
+// media store, which one process at a time may open) answers the operations'
+// routes and none of the contract's.
+func TestOperationsOnlyServesNoContractRoute(t *testing.T) {
+	a := newTestApp(t)
+	reg := prometheus.NewRegistry()
+	a.srv = NewServer(Deps{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg, Log: a.log, Auth: a.auth},
+		Config{OperationsOnly: true})
+	bearer := "Bearer " + a.token(t, 7)
+	for _, tt := range []struct {
+		method, path string
+		want         int
+	}{
+		{http.MethodGet, "/healthz", http.StatusOK},
+		{http.MethodGet, "/metrics", http.StatusOK},
+		{http.MethodGet, "/openapi.yaml", http.StatusOK},
+		{http.MethodGet, "/admin/rebuild/feeds", http.StatusForbidden}, // there, for an admin
+		{http.MethodPost, "/posts", http.StatusNotFound},
+		{http.MethodGet, "/media/" + strings.Repeat("0", 64) + ".png", http.StatusNotFound},
+		{http.MethodGet, "/feed", http.StatusNotFound},
+		{http.MethodPost, "/users/8/follow", http.StatusNotFound},
+	} {
+		req := httptest.NewRequest(tt.method, tt.path, nil)
+		req.Header.Set("Authorization", bearer)
+		assert.Equal(t, tt.want, a.do(t, req).status, "%s %s", tt.method, tt.path)
+	}
+}
