@@ -43,7 +43,8 @@ type Pack struct {
 
 	// wmu serialises appends, so that records are written in the order of
 	// their offsets: a sync that covers one covers every record before it,
-	// and a crash can tear only the records after the last sync (open).
+	// and a crash can tear only records after the last sync (which NewPack
+	// cuts off).
 	wmu sync.Mutex
 	// mu guards the index, the segments and the unsynced set.
 	mu       sync.RWMutex
@@ -99,6 +100,9 @@ const (
 	packsDir     = "packs"
 	lockName     = "lock"
 	segmentLimit = 256 << 20
+	// maxImage bounds an image, so that a record's size fits its header and
+	// every offset in a pack fits a slot's 32 bits.
+	maxImage = 1 << 30
 	// memoryLimit is how much of an upload is held in memory; a larger one is
 	// read into a temporary file first, so that uploads take bounded memory
 	// however many arrive at once.
@@ -299,8 +303,8 @@ func (p *Pack) roll() error {
 // Save implements Store: the image is in the store when it returns, durable
 // once a Sync called afterwards returns.
 func (p *Pack) Save(ctx context.Context, r io.Reader, maxSize int64) (Image, error) {
-	if maxSize <= 0 {
-		return Image{}, fmt.Errorf("save image: size limit %d is not positive", maxSize)
+	if maxSize <= 0 || maxSize > maxImage {
+		return Image{}, fmt.Errorf("save image: size limit %d is not between 1 and %d", maxSize, maxImage)
 	}
 	if err := ctx.Err(); err != nil {
 		return Image{}, fmt.Errorf("save image: %w", err)

@@ -143,6 +143,10 @@ func TestPackRejectsAndKeepsNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	_, err := p.Save(ctx, &countingReader{r: endless{}, afterFirst: cancel}, limit)
 	require.ErrorIs(t, err, context.Canceled)
+	for _, bad := range []int64{0, 2 << 30} {
+		_, err := p.Save(t.Context(), bytes.NewReader(pngBytes(t, 2, 2)), bad)
+		require.ErrorContains(t, err, "is not between 1 and", "limit %d", bad)
+	}
 
 	assert.Zero(t, packBytes(t, root))
 	assert.Equal(t, []string{"packs/00000000.pack", "packs/lock"}, files(t, root))
