@@ -22,9 +22,9 @@ import (
 )
 
 const (
-	// benchChunk is how many items the planner puts in one fan-out message
-	// (PlannerConfig.ItemsPerMessage's default), so how many one ApplyItems call
-	// of an applier gets.
+	// benchChunk is how many items the planner put in one fan-out message
+	// (PlannerConfig.ItemsPerMessage's default until session 25; kept so that
+	// the figures compare), so how many one ApplyItems call of an applier gets.
 	benchChunk = 2000
 	// setupChunk is how many inboxes one setup call materialises: each takes
 	// some 3.7 ms of Redis when full, and a pipeline must finish within the

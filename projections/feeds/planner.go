@@ -50,10 +50,13 @@ type PlannerConfig struct {
 	// Changing it needs the fan-out stream drained first.
 	Partitions int
 	// ItemsPerMessage bounds the work items in one fan-out message (seed 000's
-	// feedUpdateBatchSize); default 2 000. Under sync always each message is
-	// synced on its own, at publish and again when applied work is removed,
-	// so fewer larger messages spare the disk; an applier still applies a
-	// message in script calls of bounded size (stCallArgs).
+	// feedUpdateBatchSize); default 8 000. Under sync always each message is
+	// synced on its own, at publish and again when applied work is removed
+	// (a tombstone, synced before the partition's next message is delivered),
+	// so fewer larger messages spare the disk and the appliers a wait each; an
+	// applier still applies a message in script calls of bounded size
+	// (stCallArgs). At 2 000, a batch of the bench's gave a partition one or
+	// two messages; at 8 000, one (README, session 25).
 	ItemsPerMessage int
 	// PendingWork, if above 0, is how many fan-out messages may wait for the
 	// appliers before the planner plans more: after publishing a batch's work
@@ -80,7 +83,7 @@ func (c PlannerConfig) withDefaults() PlannerConfig {
 		c.Partitions = 4
 	}
 	if c.ItemsPerMessage == 0 {
-		c.ItemsPerMessage = 2000
+		c.ItemsPerMessage = 8000
 	}
 	if c.fanout == (Fanout{}) {
 		c.fanout = liveFanout
