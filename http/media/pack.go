@@ -149,10 +149,17 @@ func NewPack(path string) (*Pack, error) {
 	return p, nil
 }
 
-// Close closes the packs. Nothing may use the store afterwards.
+// errClosed is what a store answers once closed (a request that outlived the
+// server's shutdown).
+var errClosed = errors.New("media store closed")
+
+// Close closes the packs; the store answers errClosed afterwards.
 func (p *Pack) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.broken == nil {
+		p.broken = errClosed
+	}
 	var errs []error
 	for _, s := range p.segments {
 		errs = append(errs, s.f.Close())
@@ -402,13 +409,13 @@ func (p *Pack) append(up *upload, fm format) error {
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
 	p.mu.RLock()
+	if p.broken != nil {
+		defer p.mu.RUnlock()
+		return p.broken
+	}
 	_, have, err := p.lookup(up.sum)
-	broken := p.broken
 	s := p.segments[len(p.segments)-1]
 	p.mu.RUnlock()
-	if broken != nil {
-		return broken
-	}
 	if err != nil {
 		return err
 	}
@@ -458,6 +465,9 @@ func (p *Pack) lookup(sum [sha256.Size]byte) (location, bool, error) {
 	at, ok := p.index[prefix(sum)]
 	for ok {
 		loc := location{segment: uint32(at >> 32), offset: int64(at & math.MaxUint32)}
+		if int(loc.segment) >= len(p.segments) {
+			return location{}, false, errClosed
+		}
 		var hdr [headerSize]byte
 		if _, err := p.segments[loc.segment].f.ReadAt(hdr[:], loc.offset); err != nil {
 			return location{}, false, fmt.Errorf("media pack: %w", err)

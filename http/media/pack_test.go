@@ -274,3 +274,18 @@ func TestPackOpensOnlyWellFormedKeys(t *testing.T) {
 		assert.ErrorIs(t, err, domain.ErrNotFound, "key %q", key)
 	}
 }
+
+// TestPackAnswersErrorsOnceClosed: a request that outlives the server's
+// shutdown gets an error, not a crash.
+func TestPackAnswersErrorsOnceClosed(t *testing.T) {
+	p, _ := newPack(t)
+	img, err := p.Save(t.Context(), bytes.NewReader(pngBytes(t, 2, 2)), limit)
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
+
+	_, err = p.Save(t.Context(), bytes.NewReader(pngBytes(t, 3, 3)), limit)
+	require.ErrorContains(t, err, "media store closed")
+	require.ErrorContains(t, p.Sync(t.Context()), "media store closed")
+	_, _, err = p.Open(t.Context(), img.Key)
+	require.ErrorContains(t, err, "media store closed")
+}
