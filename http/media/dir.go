@@ -199,13 +199,28 @@ func inspect(f io.ReaderAt, n int64) (format, image.Config, error) {
 // (for range requests). Width and Height are left zero: reading them would cost
 // every download a header parse.
 func (d *Dir) Open(ctx context.Context, key string) (io.ReadCloser, Image, error) {
+	fm, err := checkKey(ctx, key)
+	if err != nil {
+		return nil, Image{}, err
+	}
+	return d.open(key, fm)
+}
+
+// checkKey is what opening key begins with in either store: ctx not done, and
+// a well-formed key, whose format it returns.
+func checkKey(ctx context.Context, key string) (format, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, Image{}, fmt.Errorf("open image: %w", err)
+		return format{}, fmt.Errorf("open image: %w", err)
 	}
 	fm, ok := parseKey(key)
 	if !ok {
-		return nil, Image{}, fmt.Errorf("image %q: %w", key, domain.ErrNotFound)
+		return format{}, fmt.Errorf("image %q: %w", key, domain.ErrNotFound)
 	}
+	return fm, nil
+}
+
+// open opens the file of key, checked already, of format fm.
+func (d *Dir) open(key string, fm format) (io.ReadCloser, Image, error) {
 	f, err := os.Open(d.pathOf(key))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, Image{}, fmt.Errorf("image %s: %w", key, domain.ErrNotFound)

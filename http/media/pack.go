@@ -354,8 +354,11 @@ func (u *upload) content() io.ReaderAt {
 	if u.file != nil {
 		return u.file
 	}
-	return bytes.NewReader(u.buf.Bytes())
+	return bytes.NewReader(u.data())
 }
+
+// data is an upload's bytes held in memory, after the room for its header.
+func (u *upload) data() []byte { return u.buf.Bytes()[headerSize:] }
 
 func (u *upload) release() {
 	if u.file != nil {
@@ -372,6 +375,10 @@ func (u *upload) release() {
 // receive reads r to its end, or one byte past maxSize, hashing it.
 func (p *Pack) receive(ctx context.Context, r io.Reader, maxSize int64) (*upload, error) {
 	up := &upload{buf: uploadBuffers.Get().(*bytes.Buffer)}
+	// Room for the record's header, so that a small image is written as it
+	// was read, in one write.
+	var room [headerSize]byte
+	up.buf.Write(room[:])
 	sha, crc := sha256.New(), crc32.New(castagnoli)
 	src := io.TeeReader(io.LimitReader(ctxReader{ctx: ctx, r: r}, maxSize+1), io.MultiWriter(sha, crc))
 	n, err := up.buf.ReadFrom(io.LimitReader(src, memoryLimit))
@@ -379,7 +386,7 @@ func (p *Pack) receive(ctx context.Context, r io.Reader, maxSize int64) (*upload
 		// Larger than memory takes: the rest into a temporary file, with what
 		// was read.
 		if up.file, err = os.CreateTemp(p.path, tempPrefix+"*"); err == nil {
-			if _, err = up.file.Write(up.buf.Bytes()); err == nil {
+			if _, err = up.file.Write(up.data()); err == nil {
 				var more int64
 				more, err = io.Copy(struct{ io.Writer }{up.file}, src)
 				n += more
@@ -503,8 +510,8 @@ func (p *Pack) insert(sum [sha256.Size]byte, loc location) error {
 func (p *Pack) write(s *segment, hdr []byte, up *upload) error {
 	if up.file == nil {
 		// One write for the small, usual image.
-		rec := make([]byte, 0, headerSize+up.size)
-		rec = append(append(rec, hdr...), up.buf.Bytes()...)
+		rec := up.buf.Bytes()
+		copy(rec, hdr)
 		_, err := s.f.WriteAt(rec, s.size)
 		return err
 	}
@@ -558,12 +565,9 @@ func (p *Pack) flush() error {
 // Open implements Store. The reader reads the pack the image is in (it can
 // seek); images stored by Dir are opened as Dir opens them.
 func (p *Pack) Open(ctx context.Context, key string) (io.ReadCloser, Image, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, Image{}, fmt.Errorf("open image: %w", err)
-	}
-	fm, ok := parseKey(key)
-	if !ok {
-		return nil, Image{}, fmt.Errorf("image %q: %w", key, domain.ErrNotFound)
+	fm, err := checkKey(ctx, key)
+	if err != nil {
+		return nil, Image{}, err
 	}
 	var sum [sha256.Size]byte
 	if _, err := hex.Decode(sum[:], []byte(key[:2*sha256.Size])); err != nil {
@@ -580,7 +584,7 @@ func (p *Pack) Open(ctx context.Context, key string) (io.ReadCloser, Image, erro
 		return nil, Image{}, fmt.Errorf("open image %s: %w", key, err)
 	}
 	if !have {
-		return p.legacy.Open(ctx, key)
+		return p.legacy.open(key, fm)
 	}
 	if loc.code != formatCode(fm) {
 		return nil, Image{}, fmt.Errorf("image %s: %w", key, domain.ErrNotFound)
