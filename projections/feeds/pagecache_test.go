@@ -104,6 +104,16 @@ func TestPageCacheSeesEveryChange(t *testing.T) {
 	assert.Equal(t, feeds.Page{}, cachedPage(t, c))
 }
 
+// newSegmentedPageCache is a page cache over alice's inbox of segments
+// {10 .. 50} and {60}: the head has room for three.
+func newSegmentedPageCache(t *testing.T) (*feeds.Store, *feeds.PageCache, *redis.Client) {
+	t.Helper()
+	s, c, rdb := newPageCache(t, feeds.Config{InboxCap: 8, SegmentSize: 5, TTL: time.Hour})
+	_, err := s.ApplyItems(t.Context(), []feeds.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
+	require.NoError(t, err)
+	return s, c, rdb
+}
+
 // TestPageCacheSeesPushesIntoSegments: a push into the head segment of an
 // inbox, on its own or in a run, changes the head alone (apply.lua leaves the
 // meta as it is); a page kept from before it must not be served after it.
@@ -112,11 +122,8 @@ func TestPageCacheSeesEveryChange(t *testing.T) {
 // before), and a read that finds another head is not kept.
 func TestPageCacheSeesPushesIntoSegments(t *testing.T) {
 	t.Parallel()
-	s, c, rdb := newPageCache(t, feeds.Config{InboxCap: 8, SegmentSize: 5, TTL: time.Hour})
+	s, c, rdb := newSegmentedPageCache(t)
 	ctx := t.Context()
-	// Segments {10 .. 50} and {60}: the head has room for three.
-	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
-	require.NoError(t, err)
 	keys, err := s.InboxKeys(ctx, alice)
 	require.NoError(t, err)
 	require.Len(t, keys, 3, "a meta and two segments")
@@ -200,11 +207,7 @@ func TestPageCacheDoesNotKeepAReadOvertakenByAChange(t *testing.T) {
 // not kept.
 func TestPageCacheDoesNotKeepAReadOvertakenByAPushIntoTheHead(t *testing.T) {
 	t.Parallel()
-	s, c, _ := newPageCache(t, feeds.Config{InboxCap: 8, SegmentSize: 5, TTL: time.Hour})
-	ctx := t.Context()
-	// Segments {10 .. 50} and {60}: the head has room.
-	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
-	require.NoError(t, err)
+	s, c, _ := newSegmentedPageCache(t)
 	// The first read learns the head (and is not kept: it did not declare it).
 	assert.Equal(t, ids(60, 50, 40, 30, 20, 10), cachedPage(t, c).Posts)
 
