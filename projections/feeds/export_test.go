@@ -26,6 +26,13 @@ func (c *PageCache) Lookups(result string) int {
 	return int(testutil.ToFloat64(c.lookups.WithLabelValues(result)))
 }
 
+// EncodeWork encodes work items as a fan-out message's body.
+func EncodeWork(items []Item) ([]byte, error) { return encodeWork(items) }
+
+// SetBeforeApply makes fn run before each message's work is applied; its
+// error fails the message.
+func (a *Applier) SetBeforeApply(fn func([]Item) error) { a.beforeApply = fn }
+
 // DecodeWork decodes a fan-out message's work items.
 func DecodeWork(data []byte) ([]Item, error) { return decodeWork(data) }
 

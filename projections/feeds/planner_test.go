@@ -2,10 +2,12 @@ package feeds_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -564,7 +566,65 @@ func TestAppliersRecordTheDelayOfTheirWork(t *testing.T) {
 	require.Positive(t, published)
 
 	reg := prometheus.NewRegistry()
-	a := feeds.NewApplier(rig.store, rig.js, []int{0, 1, 2}, projections.NewMetrics(reg), slog.New(slog.DiscardHandler))
+	runAppliers(t, rig, feeds.NewApplier(rig.store, rig.js, []int{0, 1, 2}, projections.NewMetrics(reg), slog.New(slog.DiscardHandler)))
+
+	h := appliersDelay(t, reg)
+	assert.Equal(t, published, h.GetSampleCount())
+	// Each from the older follow: 3 s ago and some.
+	assert.GreaterOrEqual(t, h.GetSampleSum(), 3.0*float64(published))
+	assert.Less(t, h.GetSampleSum(), 13.0*float64(published))
+}
+
+// TestAppliersApplyWorkInOrderPastAFailure: an applier takes its next
+// message while it applies one, but a message that fails is applied again
+// before the one delivered behind it. Here the message behind it removes a
+// post from the same inbox, which moves the inbox's sequence past the failed
+// push's: applied first, it would make the push, when it came again, a
+// no-op, and the post would never reach the feed.
+func TestAppliersApplyWorkInOrderPastAFailure(t *testing.T) {
+	t.Parallel()
+	rig := newPlannerRig(t, feeds.Config{})
+	ctx := t.Context()
+	rig.planner(t) // the fan-out stream
+	alice := domain.UserID(7)
+	_, err := rig.store.ApplyItems(ctx, []feeds.Item{{Recipient: alice, Seq: 1, Op: feeds.OpMaterialise, Posts: ids(1)}})
+	require.NoError(t, err)
+	push := feeds.Item{Recipient: alice, Seq: 10, Op: feeds.OpPush, Posts: ids(50)}
+	remove := feeds.Item{Recipient: alice, Seq: 20, Op: feeds.OpRemove, Posts: ids(1)}
+	for _, it := range []feeds.Item{push, remove} {
+		body, err := feeds.EncodeWork([]feeds.Item{it})
+		require.NoError(t, err)
+		msg := nats.NewMsg(fmt.Sprintf("fanout.%d", feeds.Partition(alice, 3)))
+		msg.Data = body
+		msg.Header.Set("Feed-From-Seq", strconv.FormatUint(it.Seq, 10))
+		_, err = rig.js.PublishMsg(ctx, msg)
+		require.NoError(t, err)
+	}
+
+	a := feeds.NewApplier(rig.store, rig.js, []int{0, 1, 2}, nil, slog.New(slog.DiscardHandler))
+	var pushes atomic.Int32
+	a.SetBeforeApply(func(items []feeds.Item) error {
+		if items[0].Seq != push.Seq || pushes.Add(1) > 1 {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond) // the removal is delivered meanwhile
+		return errors.New("injected failure")
+	})
+	runAppliers(t, rig, a)
+
+	assert.EqualValues(t, 2, pushes.Load(), "the push failed once and came again")
+	posts, _, _, ok, err := rig.store.Inbox(ctx, alice)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, ids(50), posts, "the push applied before the removal")
+}
+
+// runAppliers runs a until the fan-out stream is empty, and stops it.
+func runAppliers(t *testing.T, rig *plannerRig, a *feeds.Applier) {
+	t.Helper()
+	ctx := t.Context()
+	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- a.Run(runCtx) }()
@@ -574,12 +634,6 @@ func TestAppliersRecordTheDelayOfTheirWork(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 	stop()
 	require.NoError(t, <-done)
-
-	h := appliersDelay(t, reg)
-	assert.Equal(t, published, h.GetSampleCount())
-	// Each from the older follow: 3 s ago and some.
-	assert.GreaterOrEqual(t, h.GetSampleSum(), 3.0*float64(published))
-	assert.Less(t, h.GetSampleSum(), 13.0*float64(published))
 }
 
 // appliersDelay is the appliers' feed_projector_delay_seconds in reg.

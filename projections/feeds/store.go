@@ -377,6 +377,12 @@ func (c *stApplyCall) String() string {
 // items fail the whole call before anything is written. On an error some
 // recipients may have been updated; applying the same items again is safe.
 func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err error) {
+	return s.applyItems(ctx, items, nil)
+}
+
+// applyItems is ApplyItems, telling round, if not nil, how long each round
+// trip took.
+func (s *Store) applyItems(ctx context.Context, items []Item, round func(time.Duration)) (applied int, err error) {
 	if len(items) == 0 {
 		return 0, nil
 	}
@@ -392,7 +398,11 @@ func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err 
 			size += calls[k].size()
 			k++
 		}
+		start := time.Now()
 		n, err := s.stRunRound(ctx, calls[:k])
+		if round != nil {
+			round(time.Since(start))
+		}
 		applied += n
 		if err != nil {
 			return applied, err
