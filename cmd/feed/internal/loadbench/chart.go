@@ -28,8 +28,8 @@ var (
 	purple = color.RGBA{R: 148, G: 103, B: 189, A: 255}
 )
 
-// WriteChart draws the run over time as a PNG: throughput, projector lag and
-// memory, one panel each, with the run's steps marked.
+// WriteChart draws the run over time as a PNG: throughput, projector lag,
+// CPU and memory, one panel each, with the run's steps marked.
 func (r *Report) WriteChart(w io.Writer) error {
 	mib := func(v int64) float64 { return float64(v) / (1 << 20) }
 	panels := []struct {
@@ -46,6 +46,14 @@ func (r *Report) WriteChart(w io.Writer) error {
 			{"read model", func(s Sample) float64 { return s.ReadModelLag }, green},
 			{"feeds (applied)", func(s Sample) float64 { return s.FeedsLag }, red},
 			{"feeds planner", plannerLag, orange},
+		}},
+		{"CPU", "cores", []series{
+			{"machine", func(s Sample) float64 { return s.MachineCPU }, grey},
+			{"feed process", func(s Sample) float64 { return s.ProcessCPU }, blue},
+			{"Redis", func(s Sample) float64 { return s.RedisCPU }, red},
+			{"NATS", func(s Sample) float64 { return s.NATSCPU }, orange},
+			{"bench", func(s Sample) float64 { return s.BenchCPU }, green},
+			{"anything else", Sample.OtherCPU, purple},
 		}},
 		{"Memory", "MiB", []series{
 			{"Redis used_memory", func(s Sample) float64 { return mib(s.RedisMemory) }, red},
@@ -64,7 +72,7 @@ func (r *Report) WriteChart(w io.Writer) error {
 		}
 		plots[i] = []*plot.Plot{pl}
 	}
-	img := vgimg.New(12*vg.Inch, 11*vg.Inch)
+	img := vgimg.New(12*vg.Inch, 14*vg.Inch)
 	dc := draw.New(img)
 	tiles := draw.Tiles{Rows: len(plots), Cols: 1, PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6),
 		PadRight: vg.Points(12), PadY: vg.Points(14)}

@@ -56,6 +56,20 @@ func parseCPULine(line string) (busy, kernel, total uint64, err error) {
 	return busy, kernel, total, nil
 }
 
+// selfCPU is the CPU time the bench's own process has used (its threads,
+// not its children: the service it started is measured apart).
+func selfCPU() (time.Duration, error) {
+	stat, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0, fmt.Errorf("bench cpu: %w", err)
+	}
+	p, err := parseStat(string(stat))
+	if err != nil {
+		return 0, fmt.Errorf("bench cpu: %w", err)
+	}
+	return time.Duration(p.utime+p.stime) * time.Second / clockTicks, nil
+}
+
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every
 // Linux platform Go supports.
 const clockTicks = 100

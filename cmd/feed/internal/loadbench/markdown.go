@@ -144,6 +144,11 @@ func (r *Report) mdProjectors(b *strings.Builder, s Summary) {
 			"the graph and outbox changes with the followers read, one round trip; *plan* making the work; *publish* until "+
 			"the log stored it; *position* storing the planner's; *wait* for the appliers.", strings.Join(parts, ", "))
 	}
+	if a := s.Fanout.Appliers; a.Known {
+		fmt.Fprintf(b, "\n\nWhere an applier's message went, mean per message (`feed_projector_stage_seconds{projector=\"feeds-appliers\"}`): "+
+			"waiting for it %s (idle time included), applying it %s, in %.1f round trips to Redis of %s each.",
+			fmtDuration(a.Fetch), fmtDuration(a.Apply), a.RoundsPerMessage, fmtDuration(a.Round))
+	}
 	b.WriteString("\n")
 	if r.DrainError != "" {
 		fmt.Fprintf(b, "\nAfter the mixed phase the projectors did **not** catch up: %s.\n\n", r.DrainError)
@@ -183,28 +188,35 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 		whose = "the feed process"
 	}
 	fmt.Fprintf(b, "CPU, mean cores used (of %d), and how long goroutines of %s waited to run once runnable:\n\n", runtime.NumCPU(), whose)
-	fmt.Fprintf(b, "| phase | machine | of it in the kernel | feed process | Redis | Postgres | NATS | anything else | goroutines | run-queue wait p50 | p99 |\n")
-	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "| phase | machine | of it in the kernel | feed process | Redis | Postgres | NATS | bench | anything else | goroutines | run-queue wait p50 | p99 |\n")
+	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range s.CPU {
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Kernel), cores(c.Process), cores(c.Redis),
-			cores(c.Postgres), cores(c.NATS), cores(c.other()), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99))
+		bench := cores(c.Bench)
+		if c.Bench < 0 && r.InProcess {
+			bench = "in the feed process"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Kernel), cores(c.Process), cores(c.Redis),
+			cores(c.Postgres), cores(c.NATS), bench, cores(c.other()), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99))
 	}
 	fmt.Fprintf(b, "\nThe feed process is the service and, with `--in-process`, the bench's load generator too "+
 		"(its share is in the CPU profiles of `--cpuprofile`, label `bench=loadgen`; its goroutines are counted too). "+
 		"NATS runs as a child process of the service (`feed nats`), in its own column; it is unknown when the service uses "+
 		"an external NATS_URL, and then counted in *anything else*. "+
-		"Redis runs commands on one thread. *Anything else* is other work on the machine, which the figures above shared it with. "+
+		"Redis runs commands on one thread. *Bench* is the bench's own process (the load generator, the freshness poller, "+
+		"the sampler), when the service runs in a process of its own. *Anything else* is other work on the machine, which the figures above shared it with. "+
 		"A large share in the kernel can be the machine's own state: on an ext4 without a journal, files created "+
 		"within minutes of many removals (an earlier run's data) cost far more.\n\n")
+	if d := s.Disturbed; d.Known > 0 {
+		fmt.Fprintf(b, "Other work on the machine (*anything else*, over %d s) took %.2f of a core or more for %d s of the mixed phase's %d s "+
+			"(at most %.2f): the service's figures from those seconds were measured on a busier machine (the chart's CPU panel shows when).\n\n",
+			disturbedWindow, disturbedCores, d.Seconds, d.Known, d.Peak)
+	}
 }
 
-// other is the machine's CPU that none of the processes observed used; -1
-// unknown. NATS is subtracted when known (else it is part of it).
+// other is the phase's mean of Sample.OtherCPU.
 func (c CPUSummary) other() float64 {
-	if c.Machine < 0 || c.Process < 0 || c.Redis < 0 || c.Postgres < 0 {
-		return -1
-	}
-	return max(0, c.Machine-c.Process-c.Redis-c.Postgres-max(0, c.NATS))
+	return Sample{MachineCPU: c.Machine, ProcessCPU: c.Process, RedisCPU: c.Redis, PostgresCPU: c.Postgres,
+		NATSCPU: c.NATS, BenchCPU: c.Bench}.OtherCPU()
 }
 
 func mdRatios(b *strings.Builder, s Summary) {

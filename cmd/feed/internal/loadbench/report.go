@@ -56,9 +56,11 @@ type Summary struct {
 	Projectors []ProjectorSummary
 	Resources  []ResourceSummary
 	// CPU is where the machine's CPU went in the mixed and the read phase.
-	CPU     []CPUSummary
-	Ratios  []Ratio
-	Targets []TargetCheck
+	CPU []CPUSummary
+	// Disturbed is the mixed phase's time with other work on the machine.
+	Disturbed Disturbance
+	Ratios    []Ratio
+	Targets   []TargetCheck
 	// Errors are the failed and dropped requests of the warm-up, mixed and
 	// read phases.
 	Errors, Dropped int64
@@ -131,6 +133,19 @@ type FanoutSummary struct {
 	// Stages is where the planner's batches spent their time (the service's
 	// feed_projector_stage_seconds over the mixed phase), in order.
 	Stages []StageSummary
+	// Appliers is where the appliers' messages spent their time.
+	Appliers ApplierSummary
+}
+
+// ApplierSummary is the appliers' feed_projector_stage_seconds over the mixed
+// phase: per message, the wait for it (Fetch, idle time included) and its
+// application (Apply), made of RoundsPerMessage round trips to Redis of Round
+// each. Known is false when the service recorded none.
+type ApplierSummary struct {
+	Known            bool
+	Fetch, Apply     time.Duration
+	Round            time.Duration
+	RoundsPerMessage float64
 }
 
 // StageSummary is the mean time a batch spent in one stage of the planner.
@@ -191,6 +206,7 @@ func (r *Report) Summary() Summary {
 	s.Fanout = r.fanoutSummary()
 	s.Resources = r.resourceSummaries()
 	s.CPU = []CPUSummary{r.cpuSummary(r.Mixed), r.cpuSummary(r.Reads)}
+	s.Disturbed = disturbance(r.mixedSamples())
 	for _, p := range []*phase{r.Warmup, r.Mixed, r.Reads} {
 		s.Errors += p.errors()
 		s.Dropped += p.dropped.Load()
@@ -348,10 +364,57 @@ func (r *Report) projectorSummaries() []ProjectorSummary {
 type CPUSummary struct {
 	Phase                                   string
 	Machine, Process, Redis, Postgres, NATS float64
+	// Bench is the bench's own process (-1 when the service ran inside it).
+	Bench float64
 	// Kernel is the part of Machine spent in the kernel.
 	Kernel             float64
 	Goroutines         float64
 	SchedP50, SchedP99 time.Duration
+}
+
+// Disturbance is how long work other than the service, its servers and the
+// bench took a share of the machine worth noting (disturbedCores or more,
+// over disturbedWindow), out of the seconds of the phase where that is known.
+type Disturbance struct {
+	Seconds, Known int
+	// Peak is the most cores that other work took, over the window.
+	Peak float64
+}
+
+const (
+	disturbedCores  = 0.3
+	disturbedWindow = 5 // samples, one a second
+)
+
+// disturbance finds the samples whose other work (Sample.OtherCPU), averaged
+// with the samples before them over the window, reached disturbedCores. A
+// soak's tail latencies come from its worst minutes: on a shared machine
+// those can be minutes when something else took a core.
+func disturbance(samples []Sample) Disturbance {
+	var d Disturbance
+	var window []float64
+	for _, s := range samples {
+		v := s.OtherCPU()
+		if v < 0 {
+			window = window[:0]
+			continue
+		}
+		d.Known++
+		window = append(window, v)
+		if len(window) > disturbedWindow {
+			window = window[1:]
+		}
+		mean := 0.0
+		for _, w := range window {
+			mean += w
+		}
+		mean /= float64(len(window))
+		d.Peak = max(d.Peak, mean)
+		if mean >= disturbedCores {
+			d.Seconds++
+		}
+	}
+	return d
 }
 
 func (r *Report) cpuSummary(p *phase) CPUSummary {
@@ -377,6 +440,7 @@ func (r *Report) cpuSummary(p *phase) CPUSummary {
 		Redis:      mean(func(s Sample) float64 { return s.RedisCPU }),
 		Postgres:   mean(func(s Sample) float64 { return s.PostgresCPU }),
 		NATS:       mean(func(s Sample) float64 { return s.NATSCPU }),
+		Bench:      mean(func(s Sample) float64 { return s.BenchCPU }),
 		Goroutines: mean(func(s Sample) float64 { return float64(s.Goroutines) }),
 		SchedP50:   schedQuantile(p.schedBefore, p.schedAfter, 0.5),
 		SchedP99:   schedQuantile(p.schedBefore, p.schedAfter, 0.99),
@@ -406,6 +470,21 @@ func (r *Report) fanoutSummary() FanoutSummary {
 			}
 			secs := after.histSum(family, labels...) - before.histSum(family, labels...)
 			f.Stages = append(f.Stages, StageSummary{Name: st, Mean: time.Duration(secs / n * float64(time.Second))})
+		}
+		stage := func(st string) (n float64, mean time.Duration) {
+			labels := []string{"projector", "feeds-appliers", "stage", st}
+			n = after.sum(family, labels...) - before.sum(family, labels...)
+			if n <= 0 {
+				return 0, 0
+			}
+			secs := after.histSum(family, labels...) - before.histSum(family, labels...)
+			return n, time.Duration(secs / n * float64(time.Second))
+		}
+		_, fetch := stage("fetch")
+		msgs, apply := stage("apply")
+		rounds, round := stage("round")
+		if msgs > 0 {
+			f.Appliers = ApplierSummary{Known: true, Fetch: fetch, Apply: apply, Round: round, RoundsPerMessage: rounds / msgs}
 		}
 	}
 	return f

@@ -2,6 +2,7 @@ package loadbench
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ func reportWith(n int, sample func(i int) Sample) *Report {
 
 func knownSample(i int) Sample {
 	return Sample{
-		MachineCPU: 4, KernelCPU: 1, ProcessCPU: 1.5, RedisCPU: 0.5, PostgresCPU: 0.75, NATSCPU: 0.25,
+		MachineCPU: 4, KernelCPU: 1, ProcessCPU: 1.5, RedisCPU: 0.5, PostgresCPU: 0.75, NATSCPU: 0.25, BenchCPU: 0.5,
 		RedisMemory: 10 << 20, PostgresSize: 20 << 20, Heap: 30 << 20, NATSMemory: int64(40+i) << 20, Goroutines: 100,
 		HeapLive: 8 << 20, RSS: 50 << 20,
 	}
@@ -39,8 +40,9 @@ func knownSample(i int) Sample {
 
 func cpuRow(t *testing.T, md, phase string) []string {
 	t.Helper()
-	for line := range strings.SplitSeq(md, "\n") {
-		if cells := strings.Split(line, " | "); strings.HasPrefix(line, "| "+phase+" | ") && len(cells) == 11 {
+	_, table, _ := strings.Cut(md, "| phase | machine |")
+	for line := range strings.SplitSeq(table, "\n") {
+		if cells := strings.Split(line, " | "); strings.HasPrefix(line, "| "+phase+" | ") && len(cells) == 12 {
 			return cells
 		}
 	}
@@ -72,12 +74,12 @@ func TestReportShowsTheNATSProcess(t *testing.T) {
 	var b bytes.Buffer
 	require.NoError(t, r.WriteMarkdown(&b))
 	md := b.String()
-	assert.Contains(t, md, "| feed process | Redis | Postgres | NATS | anything else |")
+	assert.Contains(t, md, "| feed process | Redis | Postgres | NATS | bench | anything else |")
 	assert.Contains(t, md, "| NATS server resident memory | 40.5 MiB | 46.5 MiB |")
 	assert.Contains(t, md, "`feed nats`")
 	row := cpuRow(t, md, "mixed")
-	assert.Equal(t, []string{"4.00", "1.00", "1.50", "0.50", "0.75", "0.25", "1.00"}, row[1:8],
-		"anything else is the machine less the feed process, Redis, Postgres and NATS")
+	assert.Equal(t, []string{"4.00", "1.00", "1.50", "0.50", "0.75", "0.25", "0.50", "0.50"}, row[1:9],
+		"anything else is the machine less the feed process, Redis, Postgres, NATS and the bench")
 }
 
 func TestReportWithoutTheNATSProcess(t *testing.T) {
@@ -96,7 +98,7 @@ func TestReportWithoutTheNATSProcess(t *testing.T) {
 	md := b.String()
 	assert.Contains(t, md, "| NATS server resident memory | unknown | unknown | unknown |")
 	row := cpuRow(t, md, "mixed")
-	assert.Equal(t, []string{"unknown", "1.25"}, row[6:8])
+	assert.Equal(t, []string{"unknown", "0.50", "0.75"}, row[6:9])
 }
 
 func TestChartDrawsTheNATSMemory(t *testing.T) {
@@ -130,4 +132,59 @@ func TestMemoryTargetReadsTheLiveHeapAndTheResidentSet(t *testing.T) {
 			assert.Equal(t, tc.met, mem.Met, mem.Measured)
 		})
 	}
+}
+
+func TestDisturbanceCountsTheSecondsOtherWorkTookACore(t *testing.T) {
+	at := func(machine float64) Sample {
+		return Sample{MachineCPU: machine, ProcessCPU: 1, RedisCPU: 0, PostgresCPU: 0, NATSCPU: 0, BenchCPU: 0}
+	}
+	var samples []Sample
+	for range 5 {
+		samples = append(samples, at(1)) // nothing else
+	}
+	for range 10 {
+		samples = append(samples, at(2)) // a core of other work
+	}
+	for range 10 {
+		samples = append(samples, at(1))
+	}
+	d := disturbance(samples)
+	// Over five seconds the burst's mean is 0.2, 0.4, 0.6, 0.8, then 1.0 six
+	// times, then 0.8, 0.6, 0.4, 0.2: twelve at 0.3 or more.
+	assert.Equal(t, Disturbance{Seconds: 12, Known: 25, Peak: 1}, d)
+
+	// A sample of unknown CPU starts the window again.
+	unknown := at(1)
+	unknown.MachineCPU = -1
+	d = disturbance([]Sample{at(2), unknown, at(1), at(1)})
+	assert.Equal(t, Disturbance{Seconds: 1, Known: 3, Peak: 1}, d)
+}
+
+func TestFanoutSummaryHasTheStagesOfThePhase(t *testing.T) {
+	r := reportWith(4, knownSample)
+	stages := func(planner, fetch, apply, rounds float64) string {
+		return fmt.Sprintf(`# TYPE feed_projector_stage_seconds histogram
+feed_projector_stage_seconds_sum{projector="feeds",stage="wait"} %[1]g
+feed_projector_stage_seconds_count{projector="feeds",stage="wait"} %[1]g
+feed_projector_stage_seconds_sum{projector="feeds-appliers",stage="fetch"} %[2]g
+feed_projector_stage_seconds_count{projector="feeds-appliers",stage="fetch"} %[3]g
+feed_projector_stage_seconds_sum{projector="feeds-appliers",stage="apply"} %[3]g
+feed_projector_stage_seconds_count{projector="feeds-appliers",stage="apply"} %[3]g
+feed_projector_stage_seconds_sum{projector="feeds-appliers",stage="round"} %[3]g
+feed_projector_stage_seconds_count{projector="feeds-appliers",stage="round"} %[4]g
+`, planner, fetch, apply, rounds)
+	}
+	// Before the phase: 2 batches, 4 messages; after: 12 and 14.
+	r.Mixed.before = parseMetrics(t, stages(2, 1, 4, 40))
+	r.Mixed.after = parseMetrics(t, stages(12, 3, 14, 90))
+	f := r.Summary().Fanout
+	assert.Equal(t, []StageSummary{{Name: "wait", Mean: time.Second}}, f.Stages)
+	// Ten messages of the phase: 2 s of waits for them, 10 s of applying in
+	// 50 round trips.
+	assert.Equal(t, ApplierSummary{Known: true, Fetch: 200 * time.Millisecond, Apply: time.Second,
+		Round: 200 * time.Millisecond, RoundsPerMessage: 5}, f.Appliers)
+
+	var b bytes.Buffer
+	require.NoError(t, r.WriteMarkdown(&b))
+	assert.Contains(t, b.String(), "waiting for it 200.0 ms (idle time included), applying it 1.00 s, in 5.0 round trips to Redis of 200.0 ms each.")
 }

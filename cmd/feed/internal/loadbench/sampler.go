@@ -33,6 +33,9 @@ type Sample struct {
 	// service in its own process), Redis' (at most 1: it runs commands on one
 	// thread), Postgres' and the NATS server's (the service's child process).
 	MachineCPU, ProcessCPU, RedisCPU, PostgresCPU, NATSCPU float64
+	// BenchCPU is the bench's own process's, when the service runs in a
+	// process of its own (-1 otherwise: ProcessCPU holds both).
+	BenchCPU float64
 	// KernelCPU is the part of MachineCPU spent in the kernel (-1 unknown).
 	KernelCPU float64
 	// RedisMemory (used_memory), PostgresSize (the database), Heap (the
@@ -42,6 +45,16 @@ type Sample struct {
 	RedisMemory, PostgresSize, Heap, HeapLive, RSS, NATSMemory int64
 	// Goroutines is the service's go_goroutines; -1 unknown.
 	Goroutines int64
+}
+
+// OtherCPU is the machine's CPU that none of the processes the bench
+// observes used (-1 unknown): work the run shared the machine with. NATS and
+// the bench are subtracted when known (else they are part of it).
+func (s Sample) OtherCPU() float64 {
+	if s.MachineCPU < 0 || s.ProcessCPU < 0 || s.RedisCPU < 0 || s.PostgresCPU < 0 {
+		return -1
+	}
+	return max(0, s.MachineCPU-s.ProcessCPU-s.RedisCPU-s.PostgresCPU-max(0, s.NATSCPU)-max(0, s.BenchCPU))
 }
 
 // sampler takes a Sample every second until stopped.
@@ -114,7 +127,12 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 		Commands:    float64(next.commands-prev.commands) / secs,
 		Reads:       float64(next.reads-prev.reads) / secs,
 		RedisMemory: -1, PostgresSize: -1, Heap: -1, HeapLive: -1, RSS: -1, NATSMemory: -1, Goroutines: -1,
-		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1, NATSCPU: -1, KernelCPU: -1,
+		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1, NATSCPU: -1, KernelCPU: -1, BenchCPU: -1,
+	}
+	if !s.r.target.InProcess {
+		if v, err := selfCPU(); err == nil {
+			smp.BenchCPU = cpuRate("bench", v, prev, &next, secs)
+		}
 	}
 	if busy, kernel, total, err := machineCPU(); err == nil {
 		next.cpuBusy, next.cpuKernel, next.cpuTotal = busy, kernel, total
