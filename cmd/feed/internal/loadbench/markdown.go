@@ -91,9 +91,9 @@ func (r *Report) mdCommands(b *strings.Builder, s Summary) {
 
 func (r *Report) mdFreshness(b *strings.Builder, s Summary) {
 	fmt.Fprintf(b, "## Feed freshness (mixed phase)\n\n")
-	fmt.Fprintf(b, "From a post's `202` to the first answer of `GET /feed` by one of its followers that shows it, polled every "+
-		"%s for %s then every %s, at most %.0f posts/s of each kind of author and %d followers each.\n\n",
-		fmtDuration(pollFast), fmtDuration(pollFastFor), fmtDuration(pollSlow), r.Config.FreshRate, r.Config.FreshFollowers)
+	fmt.Fprintf(b, "From a post's `202` to the first answer of `GET /feed` by one of its followers that shows it, polled "+
+		"%s, at most %.0f posts/s of each kind of author and %d followers each.\n\n",
+		pollScheduleText(), r.Config.FreshRate, r.Config.FreshFollowers)
 	fmt.Fprintf(b, "| authors | samples | not seen in %s | p50 | p99 | max |\n|---|---:|---:|---:|---:|---:|\n", fmtDuration(r.Config.FreshTimeout))
 	for _, f := range s.Fresh {
 		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s |\n", f.Authors, f.Samples, f.Missed, fmtDuration(f.P50), fmtDuration(f.P99), fmtDuration(f.Max))
