@@ -164,7 +164,7 @@ func (p *Pack) Close() error {
 	for _, s := range p.segments {
 		errs = append(errs, s.f.Close())
 	}
-	p.segments = nil
+	p.segments = nil // what Open reads as closed
 	errs = append(errs, p.lock.Close())
 	return errors.Join(errs...)
 }
@@ -472,9 +472,6 @@ func (p *Pack) lookup(sum [sha256.Size]byte) (location, bool, error) {
 	at, ok := p.index[prefix(sum)]
 	for ok {
 		loc := location{segment: uint32(at >> 32), offset: int64(at & math.MaxUint32)}
-		if int(loc.segment) >= len(p.segments) {
-			return location{}, false, errClosed
-		}
 		var hdr [headerSize]byte
 		if _, err := p.segments[loc.segment].f.ReadAt(hdr[:], loc.offset); err != nil {
 			return location{}, false, fmt.Errorf("media pack: %w", err)
@@ -574,6 +571,10 @@ func (p *Pack) Open(ctx context.Context, key string) (io.ReadCloser, Image, erro
 		return nil, Image{}, fmt.Errorf("image %q: %w", key, domain.ErrNotFound)
 	}
 	p.mu.RLock()
+	if p.segments == nil { // closed
+		p.mu.RUnlock()
+		return nil, Image{}, fmt.Errorf("open image %s: %w", key, errClosed)
+	}
 	loc, have, err := p.lookup(sum)
 	var f *os.File
 	if have {

@@ -461,18 +461,10 @@ func (r *Report) fanoutSummary() FanoutSummary {
 		f.PlannerLagEnd, f.BacklogEnd = s.PlannerLag, s.FanoutBacklog
 	}
 	if before, after := r.Mixed.before, r.Mixed.after; before != nil && after != nil {
-		const family = "feed_projector_stage_seconds"
-		for _, st := range plannerStages {
-			labels := []string{"projector", "feeds", "stage", st}
-			n := after.sum(family, labels...) - before.sum(family, labels...)
-			if n <= 0 {
-				continue
-			}
-			secs := after.histSum(family, labels...) - before.histSum(family, labels...)
-			f.Stages = append(f.Stages, StageSummary{Name: st, Mean: time.Duration(secs / n * float64(time.Second))})
-		}
-		stage := func(st string) (n float64, mean time.Duration) {
-			labels := []string{"projector", "feeds-appliers", "stage", st}
+		// The phase's count and mean of one stage of feed_projector_stage_seconds.
+		stage := func(projector, st string) (n float64, mean time.Duration) {
+			const family = "feed_projector_stage_seconds"
+			labels := []string{"projector", projector, "stage", st}
 			n = after.sum(family, labels...) - before.sum(family, labels...)
 			if n <= 0 {
 				return 0, 0
@@ -480,9 +472,14 @@ func (r *Report) fanoutSummary() FanoutSummary {
 			secs := after.histSum(family, labels...) - before.histSum(family, labels...)
 			return n, time.Duration(secs / n * float64(time.Second))
 		}
-		_, fetch := stage("fetch")
-		msgs, apply := stage("apply")
-		rounds, round := stage("round")
+		for _, st := range plannerStages {
+			if n, mean := stage("feeds", st); n > 0 {
+				f.Stages = append(f.Stages, StageSummary{Name: st, Mean: mean})
+			}
+		}
+		_, fetch := stage("feeds-appliers", "fetch")
+		msgs, apply := stage("feeds-appliers", "apply")
+		rounds, round := stage("feeds-appliers", "round")
 		if msgs > 0 {
 			f.Appliers = ApplierSummary{Known: true, Fetch: fetch, Apply: apply, Round: round, RoundsPerMessage: rounds / msgs}
 		}
