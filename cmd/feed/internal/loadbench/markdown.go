@@ -103,14 +103,17 @@ func (r *Report) mdFreshness(b *strings.Builder, s Summary) {
 
 func mdFeed(b *strings.Builder, s Summary) {
 	fmt.Fprintf(b, "## `GET /feed`\n\n")
-	fmt.Fprintf(b, "| phase | target/s | read/s | errors | p50 | p99 | max | service p99 bucket | pages: cache | mixed | Postgres (fallbacks) | hit ratio |\n")
-	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "| phase | target/s | read/s | errors | p50 | p99 | max | service p99 bucket | bench late p50 / p99 | pages: cache | mixed | Postgres (fallbacks) | hit ratio |\n")
+	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, f := range s.Feed {
-		fmt.Fprintf(b, "| %s | %.0f | %.1f | %d | %s | %s | %s | %s | %.0f | %.0f | %.0f | %.1f %% |\n", f.Phase, f.Target, f.Rate, f.Errors,
-			fmtDuration(f.P50), fmtDuration(f.P99), fmtDuration(f.Max), f.ServerP99Bucket, f.Cache, f.Mixed, f.Postgres, 100*f.HitRatio)
+		fmt.Fprintf(b, "| %s | %.0f | %.1f | %d | %s | %s | %s | %s | %s / %s | %.0f | %.0f | %.0f | %.1f %% |\n", f.Phase, f.Target, f.Rate, f.Errors,
+			fmtDuration(f.P50), fmtDuration(f.P99), fmtDuration(f.Max), f.ServerP99Bucket, fmtDuration(f.LateP50), fmtDuration(f.LateP99),
+			f.Cache, f.Mixed, f.Postgres, 100*f.HitRatio)
 	}
 	fmt.Fprintf(b, "\nPages by source are the service's `feed_home_pages_total` over the phase (the mixed phase's include the freshness "+
-		"poller's reads); `mixed` pages ran past the inbox into Postgres. The service p99 bucket is from its own `feed_http_request_seconds`.\n\n")
+		"poller's reads); `mixed` pages ran past the inbox into Postgres. The service p99 bucket is from its own `feed_http_request_seconds`. "+
+		"*Bench late* is how long after its intended time the load generator started each of the phase's requests (every kind): "+
+		"a delay of the bench's own (its timers, its goroutines waiting for a CPU), which every latency it records includes.\n\n")
 }
 
 func (r *Report) mdProjectors(b *strings.Builder, s Summary) {

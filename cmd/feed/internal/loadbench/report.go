@@ -104,6 +104,10 @@ type FeedSummary struct {
 	Cache, Mixed, Postgres float64
 	HitRatio               float64
 	ServerP99Bucket        string
+	// LateP50 and LateP99: how late after their intended times the
+	// generator started the phase's requests (every kind), a delay of its
+	// own that every latency above includes.
+	LateP50, LateP99 time.Duration
 }
 
 // ProjectorSummary is one projector over the mixed phase and the whole run.
@@ -256,6 +260,7 @@ func feedSummary(p *phase, target float64, d time.Duration, kinds ...kind) FeedS
 	}
 	fs.Rate = float64(fs.OK) / d.Seconds()
 	fs.P50, fs.P99, fs.Max = merged.Quantile(0.5), merged.Quantile(0.99), merged.Max()
+	fs.LateP50, fs.LateP99 = p.late.Quantile(0.5), p.late.Quantile(0.99)
 	if p.before != nil && p.after != nil {
 		delta := func(source string) float64 {
 			return p.after.sum(metricPages, "source", source) - p.before.sum(metricPages, "source", source)

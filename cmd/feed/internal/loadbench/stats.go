@@ -71,6 +71,10 @@ type phase struct {
 	// author below the big-account threshold is pushed into every follower's
 	// (materialised) inbox.
 	fanout atomic.Int64
+	// late is how long after its intended time each request's goroutine
+	// started: the generator's own delay (its timer's, the scheduler's), part
+	// of every latency it records.
+	late *Histogram
 
 	fresh freshness
 	// before and after are the service's metrics at the phase's ends;
@@ -80,7 +84,7 @@ type phase struct {
 }
 
 func newPhase(name string, start, end time.Time) *phase {
-	p := &phase{name: name, start: start, end: end}
+	p := &phase{name: name, start: start, end: end, late: NewHistogram()}
 	for k := range p.kinds {
 		p.kinds[k] = &kindStats{latency: NewHistogram(), examples: map[string]int{}}
 	}

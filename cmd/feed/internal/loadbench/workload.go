@@ -105,6 +105,7 @@ func (r *runner) openLoop(ctx context.Context, rate float64, phases []*phase, pl
 		}
 		r.tasks.Go(func() {
 			defer func() { <-r.slots }()
+			p.late.Record(time.Since(t))
 			a(ctx, p, t)
 		})
 	}
