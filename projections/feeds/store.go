@@ -299,6 +299,22 @@ func stCheckItem(it Item) error {
 // round trips under the bench's load, and the planner makes four a batch.
 const stCallArgs = 512
 
+// stCatchUpItems and stCatchUpArgs: a message of stCatchUpItems items or more
+// is sent in round trips of up to stCatchUpArgs arguments, four calls each,
+// not one. Only a batch of hundreds of events makes a message that large, and
+// the planner's batches grow that large only while the feeds are behind
+// (PendingWork). Then each recipient's run is long, a call carries about one
+// recipient, and a round trip of one call waited some 10 ms for about 1 ms of
+// Redis's work under the bench's load (README, session 26): the appliers were
+// bound by their round trips at about the input's rate, so lag that built up
+// never drained. Four calls a trip spread that wait over four times the work;
+// while the feeds keep up, messages are smaller and the planner's round trips
+// wait behind no more than one call (decision 40).
+const (
+	stCatchUpItems = 4000
+	stCatchUpArgs  = 4 * stCallArgs
+)
+
 // stApplyCall is one run of the apply script: the items of its recipients,
 // one inbox key each, as lists of items that recipients with the same items
 // share (see apply.lua).
@@ -373,7 +389,8 @@ func (c *stApplyCall) String() string {
 // same recipient failed. On a single Redis one script run carries many
 // recipients (see stCallArgs); on a Cluster, which refuses keys of different
 // slots in one run, or a Ring, it carries one. The runs are sent in rounds of
-// about stCallArgs arguments, one round trip each (see stCallArgs). Invalid
+// about stCallArgs arguments, one round trip each (see stCallArgs), or of
+// stCatchUpArgs when the items are stCatchUpItems or more. Invalid
 // items fail the whole call before anything is written. On an error some
 // recipients may have been updated; applying the same items again is safe.
 func (s *Store) ApplyItems(ctx context.Context, items []Item) (applied int, err error) {
@@ -392,9 +409,13 @@ func (s *Store) applyItems(ctx context.Context, items []Item, round func(time.Du
 		}
 	}
 	calls := s.stPack(items)
+	trip := stCallArgs
+	if len(items) >= stCatchUpItems {
+		trip = stCatchUpArgs
+	}
 	for len(calls) > 0 {
 		k, size := 1, calls[0].size()
-		for k < len(calls) && size+calls[k].size() <= stCallArgs {
+		for k < len(calls) && size+calls[k].size() <= trip {
 			size += calls[k].size()
 			k++
 		}

@@ -1448,6 +1448,58 @@ func TestApplyItemsSendsACallATrip(t *testing.T) {
 	}
 }
 
+// TestApplyItemsOfACatchUpSendsSeveralCallsATrip: a message of 4 000 items or
+// more (what the planner's batches make only while the feeds are behind) goes
+// in round trips of up to four calls, so that an applier catching up is not
+// bound by one call's round trip; one item fewer still goes a call a trip.
+func TestApplyItemsOfACatchUpSendsSeveralCallsATrip(t *testing.T) {
+	t.Parallel()
+	for _, users := range []domain.UserID{399, 400} {
+		t.Run(fmt.Sprintf("%d items", 10*users), func(t *testing.T) {
+			t.Parallel()
+			s, rdb := newStore(t, feeds.Config{})
+			ctx := t.Context()
+			var items []feeds.Item
+			for u := domain.UserID(1); u <= users; u++ {
+				items = append(items, feeds.Item{Recipient: u, Seq: 1, Op: feeds.OpMaterialise, Posts: ids(10)})
+			}
+			_, err := s.ApplyItems(ctx, items)
+			require.NoError(t, err)
+
+			// A run of ten pushes each, the runs of some 14 recipients a call.
+			items = items[:0]
+			for u := domain.UserID(1); u <= users; u++ {
+				for k := range 10 {
+					items = append(items, feeds.Item{Recipient: u, Seq: uint64(2 + k), Op: feeds.OpPush, Posts: ids(domain.PostID(20 + k))})
+				}
+			}
+			h := &callsPerTrip{}
+			rdb.AddHook(h)
+			applied, err := s.ApplyItems(ctx, items)
+			require.NoError(t, err)
+			assert.Equal(t, len(items), applied)
+			calls := 0
+			for _, n := range h.trips {
+				calls += n
+			}
+			require.Greater(t, calls, 20, "calls")
+			if len(items) < 4000 {
+				assert.Len(t, h.trips, calls, "a call a round trip")
+			} else {
+				assert.LessOrEqual(t, len(h.trips), calls/3+1, "round trips of %d calls", calls)
+				assert.LessOrEqual(t, slices.Max(h.trips), 4, "calls a round trip")
+			}
+			for _, u := range []domain.UserID{1, users / 2, users} {
+				posts, _, seq, ok, err := s.Inbox(ctx, u)
+				require.NoError(t, err)
+				require.True(t, ok)
+				assert.Equal(t, ids(29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 10), posts, "user %d", u)
+				assert.Equal(t, uint64(11), seq, "user %d", u)
+			}
+		})
+	}
+}
+
 // TestApplyItemsRunsAgainstModel: a recipient's run of pushes alone in a call
 // (what it gets from a batch of posts under load) takes a path of its own in
 // the apply function. Random runs, with rising sequences as the planner sends
