@@ -1408,30 +1408,39 @@ func (h *callsPerTrip) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	}
 }
 
-// TestApplyItemsSendsACallATrip: the calls of a large ApplyItems go one a
-// round trip, so that Redis turns to its other clients between them (see
-// stCallArgs), and all of them apply.
-func TestApplyItemsSendsACallATrip(t *testing.T) {
-	t.Parallel()
+// runsToInboxes materialises the inboxes of users 1..users, each with post 10,
+// and returns a store, a run of n pushes to each of them (posts 20, 21, …,
+// sequences from 2) and a hook that counts the calls of each round trip from
+// then on.
+func runsToInboxes(t *testing.T, users domain.UserID, n int) (*feeds.Store, []feeds.Item, *callsPerTrip) {
+	t.Helper()
 	s, rdb := newStore(t, feeds.Config{})
-	ctx := t.Context()
-	const users = 300
 	var items []feeds.Item
 	for u := domain.UserID(1); u <= users; u++ {
 		items = append(items, feeds.Item{Recipient: u, Seq: 1, Op: feeds.OpMaterialise, Posts: ids(10)})
 	}
-	_, err := s.ApplyItems(ctx, items)
+	_, err := s.ApplyItems(t.Context(), items)
 	require.NoError(t, err)
-
-	// A run of three pushes each: some 3 300 arguments in all.
 	items = items[:0]
 	for u := domain.UserID(1); u <= users; u++ {
-		for k := range 3 {
+		for k := range n {
 			items = append(items, feeds.Item{Recipient: u, Seq: uint64(2 + k), Op: feeds.OpPush, Posts: ids(domain.PostID(20 + k))})
 		}
 	}
 	h := &callsPerTrip{}
 	rdb.AddHook(h)
+	return s, items, h
+}
+
+// TestApplyItemsSendsACallATrip: the calls of a large ApplyItems go one a
+// round trip, so that Redis turns to its other clients between them (see
+// stCallArgs), and all of them apply.
+func TestApplyItemsSendsACallATrip(t *testing.T) {
+	t.Parallel()
+	const users = 300
+	// A run of three pushes each: some 3 300 arguments in all.
+	s, items, h := runsToInboxes(t, users, 3)
+	ctx := t.Context()
 	applied, err := s.ApplyItems(ctx, items)
 	require.NoError(t, err)
 	assert.Equal(t, len(items), applied)
@@ -1457,24 +1466,9 @@ func TestApplyItemsOfACatchUpSendsSeveralCallsATrip(t *testing.T) {
 	for _, users := range []domain.UserID{399, 400} {
 		t.Run(fmt.Sprintf("%d items", 10*users), func(t *testing.T) {
 			t.Parallel()
-			s, rdb := newStore(t, feeds.Config{})
-			ctx := t.Context()
-			var items []feeds.Item
-			for u := domain.UserID(1); u <= users; u++ {
-				items = append(items, feeds.Item{Recipient: u, Seq: 1, Op: feeds.OpMaterialise, Posts: ids(10)})
-			}
-			_, err := s.ApplyItems(ctx, items)
-			require.NoError(t, err)
-
 			// A run of ten pushes each, the runs of some 14 recipients a call.
-			items = items[:0]
-			for u := domain.UserID(1); u <= users; u++ {
-				for k := range 10 {
-					items = append(items, feeds.Item{Recipient: u, Seq: uint64(2 + k), Op: feeds.OpPush, Posts: ids(domain.PostID(20 + k))})
-				}
-			}
-			h := &callsPerTrip{}
-			rdb.AddHook(h)
+			s, items, h := runsToInboxes(t, users, 10)
+			ctx := t.Context()
 			applied, err := s.ApplyItems(ctx, items)
 			require.NoError(t, err)
 			assert.Equal(t, len(items), applied)
