@@ -1460,7 +1460,7 @@ func TestApplyItemsSendsACallATrip(t *testing.T) {
 // TestApplyItemsOfACatchUpSendsSeveralCallsATrip: a message of 4 000 items or
 // more (what the planner's batches make only while the feeds are behind) goes
 // in round trips of up to four calls, so that an applier catching up is not
-// bound by one call's round trip; one item fewer still goes a call a trip.
+// bound by one call's round trip; one of 3 990 still goes a call a trip.
 func TestApplyItemsOfACatchUpSendsSeveralCallsATrip(t *testing.T) {
 	t.Parallel()
 	for _, users := range []domain.UserID{399, 400} {
