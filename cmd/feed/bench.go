@@ -42,6 +42,9 @@ type benchOptions struct {
 	inProcess  bool   // start the service in the bench's own process
 	cpuProfile bool   // profile the measured phases (in process only)
 	keep       bool   // keep the started stack's data directory
+	// ports picks the started service's free ports; nil is
+	// localstack.FreePorts.
+	ports func(n int) ([]int, error)
 }
 
 func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions, error) {
@@ -195,19 +198,65 @@ func writeFile(path string, write func(io.Writer) error) error {
 // DATABASE_URL, when set, are used instead of starting servers, as in dev
 // mode: point them at scratch servers), and runs the bench against it.
 func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, getenv func(string) string, stderr io.Writer) (*loadbench.Report, error) {
+	return startRetrying(stderr, func() (*loadbench.Report, error) {
+		return benchStartedOnce(ctx, wl, opts, getenv, stderr)
+	})
+}
+
+// startRetrying runs start again, up to benchStartAttempts times in all, while
+// it fails before the service served because a port was taken.
+func startRetrying(stderr io.Writer, start func() (*loadbench.Report, error)) (*loadbench.Report, error) {
+	for attempt := 1; ; attempt++ {
+		rep, err := start()
+		if attempt < benchStartAttempts && errors.Is(err, errNotServing) && portTaken(err) {
+			fmt.Fprintf(stderr, "bench: another process took one of the service's ports before it bound it; starting again on others\n")
+			continue
+		}
+		return rep, err
+	}
+}
+
+// benchStartAttempts is how many times the bench starts the service when
+// another process takes one of its picked ports first.
+const benchStartAttempts = 3
+
+// errNotServing marks a failure of the started service before it served: the
+// load has not begun.
+var errNotServing = errors.New("the service did not start")
+
+// portTaken reports whether err says a port was already in use, as Go
+// ("address already in use"), Redis and Postgres ("Address already in use")
+// put it; a child's error quotes its last output lines.
+func portTaken(err error) bool {
+	return err != nil && strings.Contains(strings.ToLower(err.Error()), "address already in use")
+}
+
+// benchStartedOnce is one start of the service and, once it serves, the bench.
+// A service that fails to start leaves no data directory behind.
+func benchStartedOnce(ctx context.Context, wl loadbench.Config, opts benchOptions, getenv func(string) string, stderr io.Writer) (rep *loadbench.Report, err error) {
 	dir, err := os.MkdirTemp("", "feed-bench-")
 	if err != nil {
 		return nil, fmt.Errorf("data directory: %w", err)
 	}
-	if !opts.keep {
-		defer os.RemoveAll(dir)
-	}
+	defer func() {
+		if !opts.keep || errors.Is(err, errNotServing) {
+			os.RemoveAll(dir)
+		}
+	}()
 	// When run as root, Postgres runs as the postgres user, who must reach its
 	// data directory.
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data directory: %w", err)
 	}
-	cfg, env, err := benchStackConfig(dir, wl, getenv)
+	pick := opts.ports
+	if pick == nil {
+		pick = localstack.FreePorts
+	}
+	ports, err := pick(4)
+	if err != nil {
+		return nil, err
+	}
+	cfg, env, err := benchStackConfig(dir, ports, wl, getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +269,7 @@ func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, g
 	runCtx, cancelRun := svc.watch(ctx)
 	defer cancelRun()
 	if err := waitServing(runCtx, "http://"+cfg.HTTPAddr, 2*time.Minute); err != nil {
-		return nil, errors.Join(err, stop())
+		return nil, fmt.Errorf("%w: %w", errNotServing, errors.Join(err, stop()))
 	}
 	target := loadbench.Target{
 		BaseURL:   "http://" + cfg.HTTPAddr,
@@ -236,7 +285,7 @@ func benchStarted(ctx context.Context, wl loadbench.Config, opts benchOptions, g
 	if opts.cpuProfile {
 		target.OnPhase = prof.onPhase
 	}
-	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true})
+	rep, err = runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true})
 	prof.stop()
 	if serr := stop(); serr != nil {
 		// A service that failed explains the bench's own error; a run that
@@ -274,7 +323,7 @@ func benchChild(ctx context.Context, wl loadbench.Config, cfg config, env func(s
 		}
 	}()
 	if err := waitServing(runCtx, "http://"+cfg.HTTPAddr, 2*time.Minute); err != nil {
-		return nil, errors.Join(err, stop())
+		return nil, fmt.Errorf("%w: %w", errNotServing, errors.Join(err, stop()))
 	}
 	target := loadbench.Target{
 		BaseURL: "http://" + cfg.HTTPAddr,
@@ -377,17 +426,9 @@ func waitServing(ctx context.Context, base string, timeout time.Duration) error 
 
 // benchStackConfig is the started service's configuration, and the
 // environment it is parsed from: the caller's, with its own data directory,
-// free loopback ports, the bench's big-account threshold and a random JWT
-// secret.
-func benchStackConfig(dir string, wl loadbench.Config, getenv func(string) string) (config, func(string) string, error) {
-	ports := make([]int, 4)
-	for i := range ports {
-		p, err := pickLoopbackPort()
-		if err != nil {
-			return config{}, nil, err
-		}
-		ports[i] = p
-	}
+// four free loopback ports (HTTP, NATS, Redis, Postgres), the bench's
+// big-account threshold and a random JWT secret.
+func benchStackConfig(dir string, ports []int, wl loadbench.Config, getenv func(string) string) (config, func(string) string, error) {
 	secret := make([]byte, 24)
 	if _, err := rand.Read(secret); err != nil {
 		return config{}, nil, fmt.Errorf("jwt secret: %w", err)
@@ -412,16 +453,6 @@ func benchStackConfig(dir string, wl loadbench.Config, getenv func(string) strin
 	}
 	cfg, err := parseConfig(env)
 	return cfg, env, err
-}
-
-// pickLoopbackPort is a loopback port free at the time of asking.
-func pickLoopbackPort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pick a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // benchURL runs the bench against a running service. Tokens are signed with

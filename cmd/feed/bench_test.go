@@ -1,14 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"image/png"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -192,5 +197,81 @@ func TestBenchFailsWhenItsServiceDies(t *testing.T) {
 		assert.Contains(t, err.Error(), "service: feed dev exited: signal: killed")
 	case <-time.After(time.Minute):
 		t.Fatal("the bench went on without its service")
+	}
+}
+
+// TestBenchStartsAgainWhenAPortIsTaken: another process holds the HTTP port
+// the bench picked for its service, which fails to bind it; the bench starts
+// the service again on other ports and runs.
+func TestBenchStartsAgainWhenAPortIsTaken(t *testing.T) {
+	env := stackEnv(localstack.ForTest(t), map[string]string{"FEED_LOG_LEVEL": "error"})
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	var picks atomic.Int32
+	wl, opts, err := parseBench([]string{"--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
+		"--duration", "1m", "--out", t.TempDir()}, io.Discard)
+	require.NoError(t, err)
+	opts.ports = func(n int) ([]int, error) {
+		ports, err := localstack.FreePorts(n)
+		if err == nil && picks.Add(1) == 1 {
+			ports[0] = taken.Addr().(*net.TCPAddr).Port
+		}
+		return ports, err
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		_, err := benchStarted(ctx, wl, opts, env, &stderr)
+		done <- err
+	}()
+	deadline := time.After(time.Minute)
+	for !strings.Contains(stderr.String(), " graph:") { // the bench is under way
+		select {
+		case err := <-done:
+			t.Fatalf("the bench ended before it ran: %v; stderr:\n%s", err, stderr.String())
+		case <-deadline:
+			t.Fatalf("the bench did not start; stderr:\n%s", stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		t.Logf("the bench, stopped once under way: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the bench did not stop")
+	}
+	assert.Equal(t, int32(2), picks.Load(), "stderr:\n%s", stderr.String())
+	assert.Equal(t, 1, strings.Count(stderr.String(), "starting again on others"), "stderr:\n%s", stderr.String())
+	assert.Equal(t, 2, strings.Count(stderr.String(), "started the service as process"), "stderr:\n%s", stderr.String())
+}
+
+// TestBenchStartsAgainOnlyForATakenPort: a start is tried again only when it
+// failed before the service served, because a port was taken, and at most
+// benchStartAttempts times in all.
+func TestBenchStartsAgainOnlyForATakenPort(t *testing.T) {
+	taken := fmt.Errorf("%w: feed dev exited: exit status 1; last output:\nfeed: listen 127.0.0.1:1: bind: address already in use", errNotServing)
+	for _, tc := range []struct {
+		name  string
+		errs  []error
+		tries int
+	}{
+		{"taken, then started", []error{taken, nil}, 2},
+		{"taken every time", []error{taken, taken, taken, taken}, benchStartAttempts},
+		{"other start failure", []error{fmt.Errorf("%w: readyz answered 503", errNotServing), nil}, 1},
+		{"taken after serving", []error{errors.New("service: address already in use"), nil}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tries := 0
+			_, err := startRetrying(io.Discard, func() (*loadbench.Report, error) {
+				tries++
+				return nil, tc.errs[tries-1]
+			})
+			assert.Equal(t, tc.tries, tries)
+			assert.Equal(t, tc.errs[tries-1], err)
+		})
 	}
 }

@@ -78,7 +78,8 @@ func startChild(t *testing.T, env []string, base string) *child {
 func TestNoAcknowledgedCommandIsLostWhenTheProcessIsKilled(t *testing.T) {
 	stack := localstack.ForTest(t)
 	dir := t.TempDir()
-	httpPort, natsPort := freePort(t), freePort(t)
+	ports := freePorts(t, 2)
+	httpPort, natsPort := ports[0], ports[1]
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	const secret = "crash-test-secret-0123456789"
 	env := []string{

@@ -22,6 +22,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack"
 )
 
 // devEnv is a dev-mode environment on free loopback ports in dir.
@@ -40,11 +42,15 @@ func devEnv(dir string, ports devPorts) func(string) string {
 type devPorts struct{ nats, redis, postgres int }
 
 func freePort(t *testing.T) int {
+	return freePorts(t, 1)[0]
+}
+
+// freePorts is n different free loopback ports.
+func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := localstack.FreePorts(n)
 	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
 // startDev runs `feed dev` in the background and returns its base URL and a stop
@@ -125,7 +131,8 @@ func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	require.NoError(t, os.Chmod(dir, 0o755)) // the postgres user must reach its data dir
 
-	ports := devPorts{nats: freePort(t), redis: freePort(t), postgres: freePort(t)}
+	p := freePorts(t, 3)
+	ports := devPorts{nats: p[0], redis: p[1], postgres: p[2]}
 	base, stop := startDev(t, dir, ports)
 	body := waitReady(t, base)
 	assert.Equal(t, map[string]any{"log": "ok", "redis": "ok", "postgres": "ok",

@@ -22,12 +22,29 @@ var ErrBinaryNotFound = errors.New("binary not found")
 // in between; callers retry once on "address already in use" instead of
 // passing sockets to children.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(loopback, "0"))
+	ports, err := FreePorts(1)
 	if err != nil {
-		return 0, fmt.Errorf("pick free port: %w", err)
+		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
+}
+
+// FreePorts asks the kernel for n unused loopback ports, all different: each
+// listener is held until the last is open, since a port closed at once may be
+// handed out again by the next ask. They are closed on return, so a caller
+// that binds them later must still expect "address already in use" from
+// another process and pick again.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", net.JoinHostPort(loopback, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("pick free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }
 
 // findBinary returns the first executable among name in PATH and the given
