@@ -271,10 +271,12 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
-		// go_gc_heap_live_bytes besides the defaults: what the last collection
-		// found live, the heap's own size whatever GOGC lets it grow to.
+		// Besides the defaults: go_gc_heap_live_bytes, what the last
+		// collection found live, the heap's own size whatever GOGC lets it
+		// grow to; and go_sched_latencies_seconds, how long goroutines waited
+		// for a CPU once runnable (a request's wait before its handler runs).
 		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
-			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$|^/sched/latencies:seconds$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	in, err := startInfra(ctx, cfg, dev, logger, reg)

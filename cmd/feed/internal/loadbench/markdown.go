@@ -114,6 +114,20 @@ func mdFeed(b *strings.Builder, s Summary) {
 		"poller's reads); `mixed` pages ran past the inbox into Postgres. The service p99 bucket is from its own `feed_http_request_seconds`. "+
 		"*Bench late* is how long after its intended time the load generator started each of the phase's requests (every kind): "+
 		"a delay of the bench's own (its timers, its goroutines waiting for a CPU), which every latency it records includes.\n\n")
+	fmt.Fprintf(b, "Reads slower than %s, by the %s windows of their send times (a few crowded windows are stalls; many, a queue):\n\n",
+		fmtDuration(slowRead), fmtDuration(slowWindow))
+	for _, f := range s.Feed {
+		sr := f.Slow
+		if sr.Reads == 0 {
+			continue
+		}
+		fmt.Fprintf(b, "- %s: %d of %d (%.2f %%), in %d of %d windows", f.Phase, sr.Slow, sr.Reads, 100*float64(sr.Slow)/float64(sr.Reads), sr.Windows, sr.All)
+		if sr.Worst > 0 {
+			fmt.Fprintf(b, "; the worst held %d of its %d reads", sr.Worst, sr.WorstReads)
+		}
+		fmt.Fprintf(b, ".\n")
+	}
+	fmt.Fprintf(b, "\n")
 }
 
 func (r *Report) mdProjectors(b *strings.Builder, s Summary) {
@@ -191,17 +205,18 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 		whose = "the feed process"
 	}
 	fmt.Fprintf(b, "CPU, mean cores used (of %d), and how long goroutines of %s waited to run once runnable:\n\n", runtime.NumCPU(), whose)
-	fmt.Fprintf(b, "| phase | machine | of it in the kernel | feed process | Redis | Postgres | NATS | bench | anything else | goroutines | run-queue wait p50 | p99 |\n")
-	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "| phase | machine | of it in the kernel | feed process | Redis | Postgres | NATS | bench | anything else | goroutines | run-queue wait p50 | p99 | the service's p99 bucket |\n")
+	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range s.CPU {
 		bench := cores(c.Bench)
 		if c.Bench < 0 && r.InProcess {
 			bench = "in the feed process"
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Kernel), cores(c.Process), cores(c.Redis),
-			cores(c.Postgres), cores(c.NATS), bench, cores(c.other()), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99))
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Kernel), cores(c.Process), cores(c.Redis),
+			cores(c.Postgres), cores(c.NATS), bench, cores(c.other()), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99), c.ServiceSchedP99)
 	}
-	fmt.Fprintf(b, "\nThe feed process is the service and, with `--in-process`, the bench's load generator too "+
+	fmt.Fprintf(b, "\nThe service's p99 bucket is of its own `go_sched_latencies_seconds` (coarse buckets, a decade apart). "+
+		"The feed process is the service and, with `--in-process`, the bench's load generator too "+
 		"(its share is in the CPU profiles of `--cpuprofile`, label `bench=loadgen`; its goroutines are counted too). "+
 		"NATS runs as a child process of the service (`feed nats`), in its own column; it is unknown when the service uses "+
 		"an external NATS_URL, and then counted in *anything else*. "+

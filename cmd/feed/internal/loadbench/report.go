@@ -108,6 +108,8 @@ type FeedSummary struct {
 	// generator started the phase's requests (every kind), a delay of its
 	// own that every latency above includes.
 	LateP50, LateP99 time.Duration
+	// Slow is how the reads slower than 10 ms fell in time.
+	Slow SlowReads
 }
 
 // ProjectorSummary is one projector over the mixed phase and the whole run.
@@ -261,6 +263,7 @@ func feedSummary(p *phase, target float64, d time.Duration, kinds ...kind) FeedS
 	fs.Rate = float64(fs.OK) / d.Seconds()
 	fs.P50, fs.P99, fs.Max = merged.Quantile(0.5), merged.Quantile(0.99), merged.Max()
 	fs.LateP50, fs.LateP99 = p.late.Quantile(0.5), p.late.Quantile(0.99)
+	fs.Slow = p.slowReadSummary()
 	if p.before != nil && p.after != nil {
 		delta := func(source string) float64 {
 			return p.after.sum(metricPages, "source", source) - p.before.sum(metricPages, "source", source)
@@ -375,6 +378,10 @@ type CPUSummary struct {
 	Kernel             float64
 	Goroutines         float64
 	SchedP50, SchedP99 time.Duration
+	// ServiceSchedP99 is the bucket of the service's
+	// go_sched_latencies_seconds that holds the p99 of its goroutines' waits
+	// for a CPU over the phase, e.g. "≤ 917.5 µs".
+	ServiceSchedP99 string
 }
 
 // Disturbance is how long work other than the service, its servers and the
@@ -438,17 +445,18 @@ func (r *Report) cpuSummary(p *phase) CPUSummary {
 		return sum / float64(n)
 	}
 	return CPUSummary{
-		Phase:      stage,
-		Machine:    mean(func(s Sample) float64 { return s.MachineCPU }),
-		Kernel:     mean(func(s Sample) float64 { return s.KernelCPU }),
-		Process:    mean(func(s Sample) float64 { return s.ProcessCPU }),
-		Redis:      mean(func(s Sample) float64 { return s.RedisCPU }),
-		Postgres:   mean(func(s Sample) float64 { return s.PostgresCPU }),
-		NATS:       mean(func(s Sample) float64 { return s.NATSCPU }),
-		Bench:      mean(func(s Sample) float64 { return s.BenchCPU }),
-		Goroutines: mean(func(s Sample) float64 { return float64(s.Goroutines) }),
-		SchedP50:   schedQuantile(p.schedBefore, p.schedAfter, 0.5),
-		SchedP99:   schedQuantile(p.schedBefore, p.schedAfter, 0.99),
+		Phase:           stage,
+		Machine:         mean(func(s Sample) float64 { return s.MachineCPU }),
+		Kernel:          mean(func(s Sample) float64 { return s.KernelCPU }),
+		Process:         mean(func(s Sample) float64 { return s.ProcessCPU }),
+		Redis:           mean(func(s Sample) float64 { return s.RedisCPU }),
+		Postgres:        mean(func(s Sample) float64 { return s.PostgresCPU }),
+		NATS:            mean(func(s Sample) float64 { return s.NATSCPU }),
+		Bench:           mean(func(s Sample) float64 { return s.BenchCPU }),
+		Goroutines:      mean(func(s Sample) float64 { return float64(s.Goroutines) }),
+		SchedP50:        schedQuantile(p.schedBefore, p.schedAfter, 0.5),
+		SchedP99:        schedQuantile(p.schedBefore, p.schedAfter, 0.99),
+		ServiceSchedP99: quantileBucket(p.before, p.after, 0.99, "none", "go_sched_latencies_seconds"),
 	}
 }
 

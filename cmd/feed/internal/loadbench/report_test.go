@@ -42,7 +42,7 @@ func cpuRow(t *testing.T, md, phase string) []string {
 	t.Helper()
 	_, table, _ := strings.Cut(md, "| phase | machine |")
 	for line := range strings.SplitSeq(table, "\n") {
-		if cells := strings.Split(line, " | "); strings.HasPrefix(line, "| "+phase+" | ") && len(cells) == 12 {
+		if cells := strings.Split(line, " | "); strings.HasPrefix(line, "| "+phase+" | ") && len(cells) == 13 {
 			return cells
 		}
 	}
@@ -187,4 +187,58 @@ feed_projector_stage_seconds_count{projector="feeds-appliers",stage="round"} %[4
 	var b bytes.Buffer
 	require.NoError(t, r.WriteMarkdown(&b))
 	assert.Contains(t, b.String(), "waiting for it 200.0 ms (idle time included), applying it 1.00 s, in 5.0 round trips to Redis of 200.0 ms each.")
+}
+
+// TestSlowReadsAreCountedByWindowOfSendTime: reads (first and next pages,
+// not the poller's or commands) slower than 10 ms are counted in the 100 ms
+// window of their intended send times, and the report says how they fell.
+func TestSlowReadsAreCountedByWindowOfSendTime(t *testing.T) {
+	now := time.Now()
+	p := newPhase("reads", now.Add(-time.Second), now)
+	require.Len(t, p.reads, 11)
+	for range 3 {
+		p.record(kindFeed, p.start.Add(50*time.Millisecond), nil) // ~950 ms late: window 0
+	}
+	p.record(kindFeedNext, p.start.Add(250*time.Millisecond), nil) // window 2
+	p.record(kindPoll, p.start.Add(250*time.Millisecond), nil)     // the poller's: not counted
+	p.record(kindPost, p.start.Add(250*time.Millisecond), nil)     // a command: not counted
+	p.record(kindFeed, p.start, fmt.Errorf("503"))                 // failed: counted as an error only
+	p.record(kindFeed, p.start.Add(-time.Second), nil)             // before the phase: no window
+	p.record(kindFeed, time.Now().Add(time.Hour), nil)             // not yet due: fast, and no window
+	for range 5 {
+		p.record(kindFeed, time.Now(), nil) // fast: in the last window, not slow
+	}
+	sr := p.slowReadSummary()
+	assert.Equal(t, SlowReads{Slow: 4, Reads: 9, Windows: 2, All: 11, Worst: 3, WorstReads: 3}, sr)
+
+	r := reportWith(4, knownSample)
+	r.Reads = p
+	var b bytes.Buffer
+	require.NoError(t, r.WriteMarkdown(&b))
+	assert.Contains(t, b.String(), "- reads: 4 of 9 (44.44 %), in 2 of 11 windows; the worst held 3 of its 3 reads.")
+}
+
+// TestCPUShowsTheServicesRunQueueWait: the CPU table gives the bucket of the
+// service's go_sched_latencies_seconds that holds the phase's p99.
+func TestCPUShowsTheServicesRunQueueWait(t *testing.T) {
+	r := reportWith(4, knownSample)
+	r.Mixed.before = parseMetrics(t, `# TYPE go_sched_latencies_seconds histogram
+go_sched_latencies_seconds_bucket{le="0.0009"} 100
+go_sched_latencies_seconds_bucket{le="0.0105"} 100
+go_sched_latencies_seconds_bucket{le="+Inf"} 100
+go_sched_latencies_seconds_sum 0.01
+go_sched_latencies_seconds_count 100
+`)
+	r.Mixed.after = parseMetrics(t, `# TYPE go_sched_latencies_seconds histogram
+go_sched_latencies_seconds_bucket{le="0.0009"} 1080
+go_sched_latencies_seconds_bucket{le="0.0105"} 1099
+go_sched_latencies_seconds_bucket{le="+Inf"} 1100
+go_sched_latencies_seconds_sum 0.5
+go_sched_latencies_seconds_count 1100
+`)
+	s := r.Summary()
+	assert.Equal(t, "≤ 10.5 ms", s.CPU[0].ServiceSchedP99, "990 of the phase's 1 000 waits are within 10.5 ms")
+	var b bytes.Buffer
+	require.NoError(t, r.WriteMarkdown(&b))
+	assert.Equal(t, "≤ 10.5 ms |", cpuRow(t, b.String(), "mixed")[12])
 }

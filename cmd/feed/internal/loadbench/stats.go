@@ -76,6 +76,11 @@ type phase struct {
 	// of every latency it records.
 	late *Histogram
 
+	// reads and slowReads count the phase's GET /feed reads (not the
+	// poller's), and those slower than slowRead, by slowWindow of their
+	// intended send times.
+	reads, slowReads []atomic.Int64
+
 	fresh freshness
 	// before and after are the service's metrics at the phase's ends;
 	// schedBefore and schedAfter this process's scheduling latencies.
@@ -83,8 +88,19 @@ type phase struct {
 	schedBefore, schedAfter schedSnapshot
 }
 
+// slowRead is the latency above which a read is slow (the p99
+// target for cached pages); slowWindow the span of send times by which slow
+// reads are counted, to tell stalls (slow reads crowded in a few windows)
+// from a queue (spread over many).
+const (
+	slowRead   = 10 * time.Millisecond
+	slowWindow = 100 * time.Millisecond
+)
+
 func newPhase(name string, start, end time.Time) *phase {
 	p := &phase{name: name, start: start, end: end, late: NewHistogram()}
+	n := max(0, int(end.Sub(start)/slowWindow)) + 1
+	p.reads, p.slowReads = make([]atomic.Int64, n), make([]atomic.Int64, n)
 	for k := range p.kinds {
 		p.kinds[k] = &kindStats{latency: NewHistogram(), examples: map[string]int{}}
 	}
@@ -99,7 +115,42 @@ func (p *phase) record(k kind, intended time.Time, err error) {
 		return
 	}
 	s.ok.Add(1)
-	s.latency.Record(time.Since(intended))
+	d := time.Since(intended)
+	s.latency.Record(d)
+	if k == kindFeed || k == kindFeedNext {
+		if i := int(intended.Sub(p.start) / slowWindow); i >= 0 && i < len(p.reads) {
+			p.reads[i].Add(1)
+			if d > slowRead {
+				p.slowReads[i].Add(1)
+			}
+		}
+	}
+}
+
+// SlowReads is how a phase's reads slower than 10 ms fell over its 100 ms
+// windows of send times.
+type SlowReads struct {
+	Slow, Reads int64
+	// Windows is how many windows held any slow read, of All.
+	Windows, All int
+	// Worst is the most slow reads one window held, of WorstReads reads.
+	Worst, WorstReads int64
+}
+
+func (p *phase) slowReadSummary() SlowReads {
+	sr := SlowReads{All: len(p.reads)}
+	for i := range p.reads {
+		slow, reads := p.slowReads[i].Load(), p.reads[i].Load()
+		sr.Slow += slow
+		sr.Reads += reads
+		if slow > 0 {
+			sr.Windows++
+		}
+		if slow > sr.Worst {
+			sr.Worst, sr.WorstReads = slow, reads
+		}
+	}
+	return sr
 }
 
 // errors is the phase's failed requests of every kind.
