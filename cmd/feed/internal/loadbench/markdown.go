@@ -36,7 +36,11 @@ func (r *Report) mdHeader(b *strings.Builder) {
 	if r.CommandLine != "" {
 		fmt.Fprintf(b, "```\n%s\n```\n\n", r.CommandLine)
 	}
-	fmt.Fprintf(b, "- Machine: %d CPUs, %s/%s, %s.\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version())
+	fmt.Fprintf(b, "- Machine: %d CPUs, %s/%s, %s", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version())
+	for _, n := range r.MachineNotes {
+		fmt.Fprintf(b, "; %s", n)
+	}
+	fmt.Fprintf(b, ".\n")
 	fmt.Fprintf(b, "- Service: %s.\n", r.Stack)
 	fmt.Fprintf(b, "- Graph: %d users, %d followers on average, %d big accounts above %d followers (seed %d).\n",
 		c.Users, c.AvgFollowers, c.BigAccounts, c.BigThreshold, c.Seed)

@@ -18,9 +18,12 @@ type Report struct {
 	// InProcess says the service ran in the bench's process.
 	Stack, CommandLine string
 	InProcess          bool
-	Started, Finished  time.Time
-	Raw                RawLimits
-	Setup              SetupReport
+	// MachineNotes are facts of the machine that weigh on latency (DAMON's
+	// monitors), read as the run starts.
+	MachineNotes      []string
+	Started, Finished time.Time
+	Raw               RawLimits
+	Setup             SetupReport
 	// The phases: the warm-up (only its errors are reported), the measured
 	// mixed phase and the read phase.
 	Warmup, Mixed, Reads *phase

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -241,4 +242,29 @@ go_sched_latencies_seconds_count 1100
 	var b bytes.Buffer
 	require.NoError(t, r.WriteMarkdown(&b))
 	assert.Equal(t, "≤ 10.5 ms |", cpuRow(t, b.String(), "mixed")[12])
+}
+
+// TestMachineNotesNameTheDAMONMonitorsThatAreOn: a monitor that is on is
+// named with its operations, sampling interval and schemes; one that is off,
+// or a machine without DAMON, adds nothing.
+func TestMachineNotesNameTheDAMONMonitorsThatAreOn(t *testing.T) {
+	ctx := damonRoot + "/0/contexts/0/"
+	root := fstest.MapFS{
+		damonRoot + "/0/state":                       {Data: []byte("on\n")},
+		ctx + "operations":                           {Data: []byte("paddr\n")},
+		ctx + "monitoring_attrs/intervals/sample_us": {Data: []byte("500000\n")},
+		ctx + "schemes/0/action":                     {Data: []byte("pageout\n")},
+		damonRoot + "/1/state":                       {Data: []byte("off\n")},
+		damonRoot + "/1/contexts/0/operations":       {Data: []byte("vaddr\n")},
+		damonRoot + "/nr_kdamonds":                   {Data: []byte("2\n")},
+	}
+	notes := damonNotes(root)
+	assert.Equal(t, []string{"DAMON monitor 0 is on (operations paddr, sampling every 500ms, schemes pageout)"}, notes)
+	assert.Empty(t, damonNotes(fstest.MapFS{}), "no DAMON")
+
+	r := reportWith(4, knownSample)
+	r.MachineNotes = notes
+	var b bytes.Buffer
+	require.NoError(t, r.WriteMarkdown(&b))
+	assert.Contains(t, b.String(), "; DAMON monitor 0 is on (operations paddr, sampling every 500ms, schemes pageout).\n")
 }

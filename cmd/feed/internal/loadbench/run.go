@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -197,7 +198,8 @@ func Run(ctx context.Context, cfg Config, target Target) (*Report, error) {
 		fresh:   make(chan struct{}, 256),
 		cursors: make([]string, cfg.Users),
 		posts:   newRecentPosts(4096),
-		report:  &Report{Config: cfg, Stack: target.Stack, InProcess: target.InProcess, Started: time.Now()},
+		report: &Report{Config: cfg, Stack: target.Stack, InProcess: target.InProcess, Started: time.Now(),
+			MachineNotes: damonNotes(os.DirFS("/"))},
 	}
 	defer r.api.close()
 	return r.run(ctx, rng)
