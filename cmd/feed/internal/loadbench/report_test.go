@@ -219,24 +219,24 @@ func TestSlowReadsAreCountedByWindowOfSendTime(t *testing.T) {
 	assert.Contains(t, b.String(), "- reads: 4 of 9 (44.44 %), in 2 of 11 windows; the worst held 3 of its 3 reads.")
 }
 
+// schedMetrics is the service's go_sched_latencies_seconds with these
+// cumulative counts at ≤ 0.9 ms, ≤ 10.5 ms and in all.
+func schedMetrics(t *testing.T, le09, le105, all int) metricSet {
+	return parseMetrics(t, fmt.Sprintf(`# TYPE go_sched_latencies_seconds histogram
+go_sched_latencies_seconds_bucket{le="0.0009"} %d
+go_sched_latencies_seconds_bucket{le="0.0105"} %d
+go_sched_latencies_seconds_bucket{le="+Inf"} %d
+go_sched_latencies_seconds_sum 0.5
+go_sched_latencies_seconds_count %d
+`, le09, le105, all, all))
+}
+
 // TestCPUShowsTheServicesRunQueueWait: the CPU table gives the bucket of the
 // service's go_sched_latencies_seconds that holds the phase's p99.
 func TestCPUShowsTheServicesRunQueueWait(t *testing.T) {
 	r := reportWith(4, knownSample)
-	r.Mixed.before = parseMetrics(t, `# TYPE go_sched_latencies_seconds histogram
-go_sched_latencies_seconds_bucket{le="0.0009"} 100
-go_sched_latencies_seconds_bucket{le="0.0105"} 100
-go_sched_latencies_seconds_bucket{le="+Inf"} 100
-go_sched_latencies_seconds_sum 0.01
-go_sched_latencies_seconds_count 100
-`)
-	r.Mixed.after = parseMetrics(t, `# TYPE go_sched_latencies_seconds histogram
-go_sched_latencies_seconds_bucket{le="0.0009"} 1080
-go_sched_latencies_seconds_bucket{le="0.0105"} 1099
-go_sched_latencies_seconds_bucket{le="+Inf"} 1100
-go_sched_latencies_seconds_sum 0.5
-go_sched_latencies_seconds_count 1100
-`)
+	r.Mixed.before = schedMetrics(t, 100, 100, 100)
+	r.Mixed.after = schedMetrics(t, 1080, 1099, 1100)
 	s := r.Summary()
 	assert.Equal(t, "≤ 10.5 ms", s.CPU[0].ServiceSchedP99, "990 of the phase's 1 000 waits are within 10.5 ms")
 	var b bytes.Buffer
