@@ -28,6 +28,7 @@ func TestOperationsOnlyServesNoContractRoute(t *testing.T) {
 		{http.MethodGet, "/metrics", http.StatusOK},
 		{http.MethodGet, "/openapi.yaml", http.StatusOK},
 		{http.MethodGet, "/admin/rebuild/feeds", http.StatusForbidden}, // there, for an admin
+		{http.MethodGet, "/admin/pprof/heap", http.StatusForbidden},
 		{http.MethodPost, "/posts", http.StatusNotFound},
 		{http.MethodGet, "/media/" + strings.Repeat("0", 64) + ".png", http.StatusNotFound},
 		{http.MethodGet, "/feed", http.StatusNotFound},

@@ -40,7 +40,7 @@ type Config struct {
 	// the request's X-Min-Position; default 2s.
 	ConsistencyWait time.Duration
 	// OperationsOnly serves the operations' routes alone (/healthz, /readyz,
-	// /metrics, /openapi.yaml and the admin routes), not the contract's: a
+	// /metrics, /openapi.yaml and the admin routes, profiles too), not the contract's: a
 	// process without the api role. Deps.Media may then be nil.
 	OperationsOnly bool
 }
@@ -119,6 +119,7 @@ func NewServer(deps Deps, cfg Config) *Server {
 	s.app.Get("/readyz", s.readyz)
 	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{})))
 	s.app.Get("/openapi.yaml", s.openAPI)
+	registerProfiling(s.app, deps)
 	if cfg.OperationsOnly {
 		registerAdmin(s.app, deps)
 		return s

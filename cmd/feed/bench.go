@@ -15,12 +15,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -37,11 +35,12 @@ import (
 
 // benchOptions are bench's flags beyond the workload.
 type benchOptions struct {
-	url        string // a running service; "" starts one
-	out        string // directory for report.md, chart.png and summary.json
-	inProcess  bool   // start the service in the bench's own process
-	cpuProfile bool   // profile the measured phases (in process only)
-	keep       bool   // keep the started stack's data directory
+	url        string        // a running service; "" starts one
+	out        string        // directory for report.md, chart.png and summary.json
+	inProcess  bool          // start the service in the bench's own process
+	cpuProfile bool          // profile the service's measured phases
+	trace      time.Duration // trace the service from each measured phase's start
+	keep       bool          // keep the started stack's data directory
 	// ports picks the started service's free ports; nil is
 	// localstack.FreePorts.
 	ports func(n int) ([]int, error)
@@ -54,8 +53,9 @@ func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions
 	fs.SetOutput(stderr)
 	fs.StringVar(&opts.url, "url", "", "benchmark the service running at this loopback URL instead of starting one")
 	fs.StringVar(&opts.out, "out", "bench-out", "directory for report.md, chart.png and summary.json")
-	fs.BoolVar(&opts.inProcess, "in-process", false, "start the service in the bench's own process rather than as a process of its own (needed by --cpuprofile)")
-	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write a CPU profile of each measured phase, and heap profiles at its start and end, to the output directory (with --in-process)")
+	fs.BoolVar(&opts.inProcess, "in-process", false, "start the service in the bench's own process rather than as a process of its own")
+	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write the service's CPU profile of each measured phase, and heap profiles at its start and end, to the output directory (from its admin route /admin/pprof/)")
+	fs.DurationVar(&opts.trace, "trace", 0, "write an execution trace of the service this long from each measured phase's start to the output directory (0: none)")
 	fs.BoolVar(&opts.keep, "keep", false, "keep the started stack's data directory")
 	fs.IntVar(&cfg.Users, "users", cfg.Users, "users in the synthetic graph")
 	fs.IntVar(&cfg.AvgFollowers, "followers", cfg.AvgFollowers, "followers per account on average")
@@ -97,8 +97,8 @@ func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions
 			return cfg, opts, fmt.Errorf("%w: bench: --in-process and --keep are about the stack bench starts, not one at --url", errUsage)
 		}
 	}
-	if opts.cpuProfile && !opts.inProcess {
-		return cfg, opts, fmt.Errorf("%w: bench: --cpuprofile profiles the service in the bench's own process: add --in-process", errUsage)
+	if opts.trace < 0 {
+		return cfg, opts, fmt.Errorf("%w: bench: --trace %s: a trace lasts a positive time, or 0 for none", errUsage, opts.trace)
 	}
 	return cfg, opts, nil
 }
@@ -261,7 +261,7 @@ func benchStartedOnce(ctx context.Context, wl loadbench.Config, opts benchOption
 		return nil, err
 	}
 	if !opts.inProcess {
-		return benchChild(ctx, wl, cfg, env, stderr)
+		return benchChild(ctx, wl, opts, cfg, env, stderr)
 	}
 	fmt.Fprintf(stderr, "bench: starting the service in this process (data in %s)\n", dir)
 	svc := startBackground(ctx, cfg, newLogger(cfg, stderr))
@@ -281,12 +281,7 @@ func benchStartedOnce(ctx context.Context, wl loadbench.Config, opts benchOption
 	if target.Token, err = benchTokens(cfg.JWTSecret); err != nil {
 		return nil, errors.Join(err, stop())
 	}
-	prof := &phaseProfiler{dir: opts.out, stderr: stderr}
-	if opts.cpuProfile {
-		target.OnPhase = prof.onPhase
-	}
-	rep, err = runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true})
-	prof.stop()
+	rep, err = runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true}, opts)
 	if serr := stop(); serr != nil {
 		// A service that failed explains the bench's own error; a run that
 		// finished keeps its report (see bench).
@@ -298,7 +293,7 @@ func benchStartedOnce(ctx context.Context, wl loadbench.Config, opts benchOption
 // benchChild runs the service as `feed dev` in a process of its own, so that
 // the load generator and the service share no Go runtime (scheduler, garbage
 // collector): its latencies are those a client on the same machine sees.
-func benchChild(ctx context.Context, wl loadbench.Config, cfg config, env func(string) string, stderr io.Writer) (*loadbench.Report, error) {
+func benchChild(ctx context.Context, wl loadbench.Config, opts benchOptions, cfg config, env func(string) string, stderr io.Writer) (*loadbench.Report, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find the feed binary: %w", err)
@@ -334,7 +329,7 @@ func benchChild(ctx context.Context, wl loadbench.Config, cfg config, env func(s
 	if target.Token, err = benchTokens(cfg.JWTSecret); err != nil {
 		return nil, errors.Join(err, stop())
 	}
-	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true})
+	rep, err := runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true}, opts)
 	if serr := stop(); serr != nil {
 		// A service that failed explains the bench's own error; a run that
 		// finished keeps its report (see bench).
@@ -477,7 +472,7 @@ func benchURL(ctx context.Context, wl loadbench.Config, opts benchOptions, geten
 	if target.Token, err = benchTokens(secret); err != nil {
 		return nil, err
 	}
-	return runObserved(ctx, wl, target, cfg, rawServers{redis: cfg.RedisURL != "", nats: cfg.NATSURL != ""})
+	return runObserved(ctx, wl, target, cfg, rawServers{redis: cfg.RedisURL != "", nats: cfg.NATSURL != ""}, opts)
 }
 
 func benchTokens(secret string) (func(domain.UserID) (string, error), error) {
@@ -497,9 +492,16 @@ type rawServers struct{ redis, nats, started bool }
 
 // runObserved connects the observers (positions, memory, sizes, CPU and the
 // raw limits' servers) to the service's servers, runs the bench with its load
-// generator's goroutines labelled bench=loadgen in CPU profiles, and
-// disconnects.
-func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Target, cfg config, raw rawServers) (*loadbench.Report, error) {
+// generator's goroutines labelled bench=loadgen in CPU profiles (and the
+// service profiled as opts ask), and disconnects.
+func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Target, cfg config, raw rawServers, opts benchOptions) (*loadbench.Report, error) {
+	prof, err := benchProfiler(ctx, opts, wl, target.BaseURL, cfg.JWTSecret, target.Progress)
+	if err != nil {
+		return nil, err
+	}
+	if prof != nil {
+		target.OnPhase = prof.onPhase
+	}
 	obs := connectObservers(ctx, cfg, raw.started, target.Progress)
 	defer obs.close()
 	target.Positions, target.RedisMemory, target.RedisCPU, target.PostgresSize = obs.positions, obs.redisMemory, obs.redisCPU, obs.postgresSize
@@ -511,13 +513,11 @@ func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Targ
 	if raw.nats && obs.js != nil {
 		target.JetStream = obs.js
 	}
-	var (
-		rep *loadbench.Report
-		err error
-	)
+	var rep *loadbench.Report
 	pprof.Do(ctx, pprof.Labels("bench", "loadgen"), func(ctx context.Context) {
 		rep, err = loadbench.Run(ctx, wl, target)
 	})
+	prof.wait()
 	return rep, err
 }
 
@@ -682,73 +682,4 @@ func (o *observers) readPostgresSize(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("postgres database size: %w", err)
 	}
 	return n, nil
-}
-
-// phaseProfiler writes a CPU profile of each measured phase of a started
-// stack, and heap profiles at its start and end: the service and the load generator
-// share the process, and the generator's goroutines carry the label
-// bench=loadgen (leave them out of the CPU profile with
-// `go tool pprof -tagignore bench=loadgen`).
-type phaseProfiler struct {
-	dir    string
-	stderr io.Writer
-	mu     sync.Mutex
-	file   *os.File
-}
-
-func (p *phaseProfiler) onPhase(phase string, start bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !start {
-		p.stopLocked()
-		p.writeHeap("heap-" + phase + ".pprof")
-		return
-	}
-	// What is live as the phase starts: `go tool pprof -base` of this and the
-	// end's profile is what the phase added.
-	p.writeHeap("heap-" + phase + "-start.pprof")
-	path := filepath.Join(p.dir, "cpu-"+phase+".pprof")
-	f, err := os.Create(path)
-	if err != nil {
-		fmt.Fprintf(p.stderr, "bench: cpu profile: %v\n", err)
-		return
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		fmt.Fprintf(p.stderr, "bench: cpu profile: %v\n", err)
-		return
-	}
-	p.file = f
-	fmt.Fprintf(p.stderr, "bench: profiling the %s phase into %s\n", phase, path)
-}
-
-// writeHeap writes what is live, after a collection, to name.
-func (p *phaseProfiler) writeHeap(name string) {
-	path := filepath.Join(p.dir, name)
-	f, err := os.Create(path)
-	if err == nil {
-		runtime.GC()
-		err = pprof.Lookup("heap").WriteTo(f, 0)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}
-	if err != nil {
-		fmt.Fprintf(p.stderr, "bench: heap profile: %v\n", err)
-	}
-}
-
-func (p *phaseProfiler) stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.stopLocked()
-}
-
-func (p *phaseProfiler) stopLocked() {
-	if p.file == nil {
-		return
-	}
-	pprof.StopCPUProfile()
-	_ = p.file.Close()
-	p.file = nil
 }

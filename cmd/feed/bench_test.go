@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,21 +33,39 @@ import (
 // measured. In its own process the service starts its NATS server as `feed
 // dev` does (a child process), whose CPU and memory the bench then reports.
 func TestBenchReportsEveryFigure(t *testing.T) {
-	t.Run("own process", func(t *testing.T) {
-		out, stderr := benchReport(t, true)
+	t.Run("own process, profiled", func(t *testing.T) {
+		out, stderr := benchReport(t, true, "--cpuprofile", "--trace", "300ms")
 		assert.Contains(t, stderr, "bench: started the service as process")
-		assert.NoFileExists(t, filepath.Join(out, "cpu-mixed.pprof"))
-	})
-	t.Run("in process, profiled", func(t *testing.T) {
-		out, stderr := benchReport(t, false, "--in-process", "--cpuprofile")
-		assert.Contains(t, stderr, "bench: starting the service in this process")
 		for _, phase := range []string{"mixed", "reads"} {
-			info, err := os.Stat(filepath.Join(out, "cpu-"+phase+".pprof"))
-			if assert.NoError(t, err, "profile of the %s phase", phase) {
-				assert.Positive(t, info.Size(), "profile of the %s phase", phase)
+			// Read from the service's admin route, as gzipped profiles.
+			for _, name := range []string{"cpu-" + phase + ".pprof", "heap-" + phase + "-start.pprof", "heap-" + phase + ".pprof"} {
+				requireGzipped(t, filepath.Join(out, name))
+			}
+			b, err := os.ReadFile(filepath.Join(out, "trace-"+phase+".out"))
+			if assert.NoError(t, err, "trace of the %s phase", phase) {
+				assert.True(t, bytes.HasPrefix(b, []byte("go 1.")), "trace of the %s phase: %.16q", phase, b)
 			}
 		}
 	})
+	t.Run("in process", func(t *testing.T) {
+		out, stderr := benchReport(t, false, "--in-process")
+		assert.Contains(t, stderr, "bench: starting the service in this process")
+		assert.NoFileExists(t, filepath.Join(out, "cpu-mixed.pprof"))
+		assert.NoFileExists(t, filepath.Join(out, "trace-mixed.out"))
+	})
+}
+
+// requireGzipped fails the test unless path holds something gzipped.
+func requireGzipped(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	require.NoError(t, err, "%s is gzipped", path)
+	b, err := io.ReadAll(zr)
+	require.NoError(t, err, "%s is gzipped", path)
+	require.NotEmpty(t, b, path)
 }
 
 // benchReport runs the short bench with extra flags, checks its report and
@@ -146,10 +166,9 @@ func TestBenchRefusesOtherMachinesAndBadFlags(t *testing.T) {
 		{"--url", "http://example.com:8080"},
 		{"--url", "https://127.0.0.1:8080"},
 		{"--url", "127.0.0.1:8080"},
-		{"--url", "http://127.0.0.1:8080", "--cpuprofile"},
 		{"--url", "http://127.0.0.1:8080", "--in-process"},
 		{"--url", "http://127.0.0.1:8080", "--keep"},
-		{"--cpuprofile"}, // profiles only the service in the bench's process
+		{"--trace", "-1s"},
 		{"--users"},
 		{"extra"},
 	} {

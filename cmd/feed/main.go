@@ -62,7 +62,8 @@ Usage:
   feed bench [--url http://127.0.0.1:PORT] [--users 1000] [--followers 100] [--big 5]
              [--big-threshold 500] [--post-rate 500] [--read-rate 500]
              [--cached-read-rate 5000] [--warmup 10s] [--duration 60s]
-             [--read-duration 20s] [--out bench-out] [--seed 1] [--in-process --cpuprofile]
+             [--read-duration 20s] [--out bench-out] [--seed 1] [--in-process]
+             [--cpuprofile] [--trace 5s]
                end-to-end load benchmark over HTTP on loopback, against a stack it
                starts as a process of its own (or --url): writes report.md and
                chart.png (-h for every flag)
