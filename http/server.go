@@ -16,6 +16,7 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
 
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
@@ -82,6 +83,19 @@ type Deps struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
+
+// keptAnswer is the largest response buffer a connection keeps between its
+// requests (fasthttp keeps each connection's at the size of its largest
+// answer, for as long as it lives and then in its pool). A home feed page is
+// a few kilobytes; a larger answer (/metrics under load, a profile) gives its
+// buffer back to the garbage collector rather than leave it with the
+// connection: kept, the live heap grew by one with every connection that ever
+// carried a scrape.
+const keptAnswer = 64 << 10
+
+// The limit is fasthttp's package state, read by every server and client in
+// the process, so it is set once, before any of them runs.
+func init() { fasthttp.SetBodySizePoolLimit(-1, keptAnswer) }
 
 // Server is the service's HTTP front.
 type Server struct {
