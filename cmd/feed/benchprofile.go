@@ -18,7 +18,8 @@ import (
 
 // phaseProfiler asks the service, over its admin route /admin/pprof/, for a
 // CPU profile of each measured phase and heap profiles of what is live at its
-// start and end (each after a collection), when cpu is set; and, when trace
+// start and end (as of the service's last collection: forcing one would
+// stall the phase it measures), when cpu is set; and, when trace
 // is, an execution trace of that long from the phase's start. It profiles the
 // service as it runs, in a process of its own or in the bench's; in the
 // bench's process the load generator's goroutines carry the label
@@ -72,12 +73,12 @@ func (p *phaseProfiler) onPhase(phase string, start bool) {
 		return
 	}
 	if !start {
-		p.fetch("heap-"+phase+".pprof", "heap?gc=1", 0)
+		p.fetch("heap-"+phase+".pprof", "heap", 0)
 		return
 	}
 	// What is live as the phase starts: `go tool pprof -base` of this and the
 	// end's profile is what the phase added.
-	p.fetch("heap-"+phase+"-start.pprof", "heap?gc=1", 0)
+	p.fetch("heap-"+phase+"-start.pprof", "heap", 0)
 	// pprof takes whole seconds; a profile may outlast a phase by less than one.
 	secs := max(1, int(math.Ceil(p.phases[phase].Seconds())))
 	p.fetch("cpu-"+phase+".pprof", "profile?seconds="+strconv.Itoa(secs), time.Duration(secs)*time.Second)
