@@ -106,6 +106,7 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 			Persist: true,
 			// Inboxes stay compact listpacks up to this many entries.
 			ZSetListpackEntries: listpackEntries(cfg),
+			Realtime:            devRedisRealtime,
 			Nice:                devRedisNice,
 		}, logger)
 		if err != nil {
@@ -206,6 +207,21 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 // --latency`) and the feeds projector fell behind; reniced it used 0.62 and
 // the projector kept up. A deployment gives Redis cores of its own instead.
 const devRedisNice = -5
+
+// devRedisRealtime is the realtime priority (SCHED_FIFO) of the child Redis's
+// command thread in development mode, where the process may set one;
+// devRedisNice is the fallback. At niceness -5 the thread still waited for
+// a CPU behind the other threads of a busy two-core machine, in the middle
+// of its commands: under the bench's load, calls that take microseconds took
+// 12-18 ms at times (its slowlog), and every client's round trip waited for
+// them (an applier's averaged 10.8 ms, 5.8 ms of it for Redis's answer).
+// Under SCHED_FIFO it runs whenever it has work; in a standard soak the
+// appliers' round trips fell to 4.5 ms and ordinary authors' freshness p50
+// from 442 to 137 ms (README, session 29). It cannot starve the machine:
+// Redis used under half a core, and the kernel keeps 5 % of each second for
+// the rest. Its forks (the append-only file's rewrites) run at the default
+// policy. A deployment gives Redis cores of its own instead.
+const devRedisRealtime = 1
 
 // projectorConns is the size of the read model projector's pool: one batch
 // at a time, and a connection spare. Were it to share the reads' pool, it

@@ -2,6 +2,7 @@ package localstack_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/feedproject/feed/cmd/localstack"
 )
@@ -243,6 +245,45 @@ func TestRedisNiceness(t *testing.T) {
 		want = 0
 	}
 	assert.Equal(t, want, 20-got)
+	require.NoError(t, newRedisClient(t, r.URL()).Ping(ctx).Err())
+}
+
+// TestRedisRealtime: the server's command thread runs under SCHED_FIFO at the
+// priority asked for, its forks under the default policy, when the process
+// may set it; otherwise at the fallback niceness (or the default), started
+// all the same.
+func TestRedisRealtime(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := localstack.StartRedis(ctx, localstack.RedisConfig{Dir: t.TempDir(), Realtime: 2, Nice: -3}, testLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Stop() })
+	attr, err := unix.SchedGetAttr(r.PID(), 0)
+	require.NoError(t, err)
+	if os.Geteuid() == 0 {
+		assert.Equal(t, uint32(unix.SCHED_FIFO), attr.Policy)
+		assert.Equal(t, uint32(2), attr.Priority)
+		assert.Equal(t, uint64(unix.SCHED_FLAG_RESET_ON_FORK), attr.Flags&unix.SCHED_FLAG_RESET_ON_FORK,
+			"the server's forks must start under the default policy")
+	} else {
+		assert.Equal(t, uint32(unix.SCHED_NORMAL), attr.Policy)
+		got, err := syscall.Getpriority(syscall.PRIO_PROCESS, r.PID())
+		require.NoError(t, err)
+		assert.Equal(t, 0, 20-got, "without privilege the niceness cannot be lowered either")
+	}
+	threads, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", r.PID()))
+	require.NoError(t, err)
+	for _, th := range threads {
+		if th.Name() == strconv.Itoa(r.PID()) {
+			continue
+		}
+		tid, err := strconv.Atoi(th.Name())
+		require.NoError(t, err)
+		other, err := unix.SchedGetAttr(tid, 0)
+		require.NoError(t, err)
+		assert.Equal(t, uint32(unix.SCHED_NORMAL), other.Policy, "only the command thread runs under a realtime policy (thread %d)", tid)
+	}
 	require.NoError(t, newRedisClient(t, r.URL()).Ping(ctx).Err())
 }
 
