@@ -134,6 +134,7 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 		assert.Positive(t, s.CPU[0].NATS, "NATS CPU in the mixed phase")
 	}
 	assert.Positive(t, s.FanoutRate)
+	assert.True(t, s.Fanout.RepairsKnown, "the service's inbox repairs")
 	assert.Zero(t, s.Errors)
 	var stages []string
 	for _, st := range s.Fanout.Stages {

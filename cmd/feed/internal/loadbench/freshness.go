@@ -78,11 +78,14 @@ func (b *freshBudget) take(big bool, t time.Time) bool {
 	return true
 }
 
+// unseenLogged is how many posts never seen by their poller a run names.
+const unseenLogged = 20
+
 // trackFreshness polls each of pollers' home feeds until post is in it, and
 // records the time from acceptedAt (the 202) to the answer that showed it. At
 // most cap(r.fresh) pollers run at once; a post that finds them all busy is
 // not sampled.
-func (r *runner) trackFreshness(ctx context.Context, p *phase, post domain.PostID, big bool, acceptedAt time.Time, pollers []domain.UserID) {
+func (r *runner) trackFreshness(ctx context.Context, p *phase, author domain.UserID, post domain.PostID, big bool, acceptedAt time.Time, pollers []domain.UserID) {
 	for _, u := range pollers {
 		select {
 		case r.fresh <- struct{}{}:
@@ -92,8 +95,15 @@ func (r *runner) trackFreshness(ctx context.Context, p *phase, post domain.PostI
 		r.tasks.Go(func() {
 			defer func() { <-r.fresh }()
 			d, seen := r.pollUntilSeen(ctx, p, u, post, acceptedAt)
-			if ctx.Err() == nil {
-				p.fresh.add(big, d, seen)
+			if ctx.Err() != nil {
+				return
+			}
+			p.fresh.add(big, d, seen)
+			// Named, so that a post that never arrived can be looked for in
+			// the log and the stores (with --keep).
+			if !seen && r.unseen.Add(1) <= unseenLogged {
+				r.logf("freshness: post %d of user %d (accepted %s) was not on follower %d's feed within %s",
+					post, author, acceptedAt.UTC().Format(time.RFC3339Nano), u, fmtDuration(r.cfg.FreshTimeout))
 			}
 		})
 	}

@@ -170,6 +170,10 @@ func (r *Report) mdProjectors(b *strings.Builder, s Summary) {
 			"waiting for it %s (idle time included), applying it %s, in %.1f round trips to Redis of %s each.",
 			fmtDuration(a.Fetch), fmtDuration(a.Apply), a.RoundsPerMessage, fmtDuration(a.Round))
 	}
+	if f := s.Fanout; f.RepairsKnown {
+		fmt.Fprintf(b, "\n\nThe service's maintenance round repaired %.0f inbox entries in the mixed phase (`feed_inbox_repairs_total`: "+
+			"ghosts, missing posts, over-long inboxes; zero in a correct system).", f.Repairs)
+	}
 	b.WriteString("\n")
 	if r.DrainError != "" {
 		fmt.Fprintf(b, "\nAfter the mixed phase the projectors did **not** catch up: %s.\n\n", r.DrainError)

@@ -144,6 +144,12 @@ type FanoutSummary struct {
 	Stages []StageSummary
 	// Appliers is where the appliers' messages spent their time.
 	Appliers ApplierSummary
+	// Repairs is how many inbox entries the service's maintenance round
+	// repaired in the phase (feed_inbox_repairs_total: ghosts, missing
+	// posts, over-long inboxes; zero in a correct system); RepairsKnown is
+	// false when the service exports none.
+	Repairs      float64
+	RepairsKnown bool
 }
 
 // ApplierSummary is the appliers' feed_projector_stage_seconds over the mixed
@@ -498,6 +504,10 @@ func (r *Report) fanoutSummary() FanoutSummary {
 		rounds, round := stage("feeds-appliers", "round")
 		if msgs > 0 {
 			f.Appliers = ApplierSummary{Known: true, Fetch: fetch, Apply: apply, Round: round, RoundsPerMessage: rounds / msgs}
+		}
+		const repairs = "feed_inbox_repairs_total"
+		if _, ok := after[repairs]; ok {
+			f.Repairs, f.RepairsKnown = after.sum(repairs)-before.sum(repairs), true
 		}
 	}
 	return f

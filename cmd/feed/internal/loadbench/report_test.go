@@ -163,7 +163,7 @@ func TestDisturbanceCountsTheSecondsOtherWorkTookACore(t *testing.T) {
 
 func TestFanoutSummaryHasTheStagesOfThePhase(t *testing.T) {
 	r := reportWith(4, knownSample)
-	stages := func(planner, fetch, apply, rounds float64) string {
+	stages := func(planner, fetch, apply, rounds, repairs float64) string {
 		return fmt.Sprintf(`# TYPE feed_projector_stage_seconds histogram
 feed_projector_stage_seconds_sum{projector="feeds",stage="wait"} %[1]g
 feed_projector_stage_seconds_count{projector="feeds",stage="wait"} %[1]g
@@ -173,11 +173,13 @@ feed_projector_stage_seconds_sum{projector="feeds-appliers",stage="apply"} %[3]g
 feed_projector_stage_seconds_count{projector="feeds-appliers",stage="apply"} %[3]g
 feed_projector_stage_seconds_sum{projector="feeds-appliers",stage="round"} %[3]g
 feed_projector_stage_seconds_count{projector="feeds-appliers",stage="round"} %[4]g
-`, planner, fetch, apply, rounds)
+# TYPE feed_inbox_repairs_total counter
+feed_inbox_repairs_total %[5]g
+`, planner, fetch, apply, rounds, repairs)
 	}
-	// Before the phase: 2 batches, 4 messages; after: 12 and 14.
-	r.Mixed.before = parseMetrics(t, stages(2, 1, 4, 40))
-	r.Mixed.after = parseMetrics(t, stages(12, 3, 14, 90))
+	// Before the phase: 2 batches, 4 messages, 3 repairs; after: 12, 14 and 5.
+	r.Mixed.before = parseMetrics(t, stages(2, 1, 4, 40, 3))
+	r.Mixed.after = parseMetrics(t, stages(12, 3, 14, 90, 5))
 	f := r.Summary().Fanout
 	assert.Equal(t, []StageSummary{{Name: "wait", Mean: time.Second}}, f.Stages)
 	// Ten messages of the phase: 2 s of waits for them, 10 s of applying in
@@ -188,6 +190,8 @@ feed_projector_stage_seconds_count{projector="feeds-appliers",stage="round"} %[4
 	var b bytes.Buffer
 	require.NoError(t, r.WriteMarkdown(&b))
 	assert.Contains(t, b.String(), "waiting for it 200.0 ms (idle time included), applying it 1.00 s, in 5.0 round trips to Redis of 200.0 ms each.")
+	assert.InDelta(t, 2.0, f.Repairs, 0)
+	assert.Contains(t, b.String(), "maintenance round repaired 2 inbox entries in the mixed phase")
 }
 
 // TestSlowReadsAreCountedByWindowOfSendTime: reads (first and next pages,

@@ -24,7 +24,10 @@ type runner struct {
 
 	slots chan struct{} // one per open-loop request in flight
 	fresh chan struct{} // one per freshness poller running
-	tasks sync.WaitGroup
+	// unseen counts the sampled posts never seen on a poller's feed, the
+	// first few of which are logged.
+	unseen atomic.Int64
+	tasks  sync.WaitGroup
 
 	postsPlanned atomic.Uint64 // numbers each post's image
 
@@ -189,7 +192,7 @@ func (r *runner) planPost(rng *rand.Rand) func(time.Time) arrival {
 			if !big {
 				p.fanout.Add(int64(len(r.graph.Followers(author))))
 			}
-			r.trackFreshness(ctx, p, id, big, acceptedAt, pollers)
+			r.trackFreshness(ctx, p, author, id, big, acceptedAt, pollers)
 		}
 	}
 }
