@@ -215,9 +215,9 @@ const devRedisNice = -5
 // of its commands: under the bench's load, calls that take microseconds took
 // 12-18 ms at times (its slowlog), and every client's round trip waited for
 // them (an applier's averaged 10.8 ms, 5.8 ms of it for Redis's answer).
-// Under SCHED_FIFO it runs whenever it has work; in a standard soak the
-// appliers' round trips fell to 4.5 ms and ordinary authors' freshness p50
-// from 442 to 137 ms (README, session 29). It cannot starve the machine:
+// Under SCHED_FIFO it runs whenever it has work; in standard soaks the
+// appliers' round trips fell to 3.9-5.7 ms and ordinary authors' freshness
+// p50 from 442-839 to 132-239 ms (README, session 29). It cannot starve the machine:
 // Redis used under half a core, and the kernel keeps 5 % of each second for
 // the rest. Its forks (the append-only file's rewrites) run at the default
 // policy. A deployment gives Redis cores of its own instead.
