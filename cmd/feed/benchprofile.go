@@ -36,7 +36,8 @@ type phaseProfiler struct {
 	stderr io.Writer
 	client *http.Client
 
-	wg sync.WaitGroup
+	wg      sync.WaitGroup
+	cpuDone chan struct{} // closed when the last CPU profile asked for is written
 }
 
 // benchProfiler is the profiler opts ask for of the service at base, whose
@@ -79,25 +80,42 @@ func (p *phaseProfiler) onPhase(phase string, start bool) {
 	// What is live as the phase starts: `go tool pprof -base` of this and the
 	// end's profile is what the phase added.
 	p.fetch("heap-"+phase+"-start.pprof", "heap", 0)
-	// pprof takes whole seconds; a profile may outlast a phase by less than one.
-	secs := max(1, int(math.Ceil(p.phases[phase].Seconds())))
-	p.fetch("cpu-"+phase+".pprof", "profile?seconds="+strconv.Itoa(secs), time.Duration(secs)*time.Second)
-	fmt.Fprintf(p.stderr, "bench: profiling the service's %s phase into %s\n", phase, filepath.Join(p.dir, "cpu-"+phase+".pprof"))
+	// The runtime takes one CPU profile at a time, and the last phase's may
+	// still run (it outlasts its phase by up to a second, and a short run's
+	// next phase can start sooner): this one waits for it, then covers what
+	// is left of its phase, in whole seconds as pprof takes them.
+	end := time.Now().Add(p.phases[phase])
+	prev, done := p.cpuDone, make(chan struct{})
+	p.cpuDone = done
+	name := "cpu-" + phase + ".pprof"
+	p.wg.Go(func() {
+		defer close(done)
+		if prev != nil {
+			<-prev
+		}
+		secs := max(1, int(math.Ceil(time.Until(end).Seconds())))
+		p.get(name, "profile?seconds="+strconv.Itoa(secs), time.Duration(secs)*time.Second)
+	})
+	fmt.Fprintf(p.stderr, "bench: profiling the service's %s phase into %s\n", phase, filepath.Join(p.dir, name))
 }
 
 // fetch writes the answer of /admin/pprof/<query> to name in the background;
 // takes is how long the service records before it answers.
 func (p *phaseProfiler) fetch(name, query string, takes time.Duration) {
-	p.wg.Go(func() {
-		ctx, cancel := context.WithTimeout(p.ctx, takes+time.Minute)
-		defer cancel()
-		if err := p.get(ctx, query, filepath.Join(p.dir, name)); err != nil {
-			fmt.Fprintf(p.stderr, "bench: profile %s: %v\n", name, err)
-		}
-	})
+	p.wg.Go(func() { p.get(name, query, takes) })
 }
 
-func (p *phaseProfiler) get(ctx context.Context, query, path string) error {
+// get writes the answer of /admin/pprof/<query> to name, or says on stderr
+// why it could not.
+func (p *phaseProfiler) get(name, query string, takes time.Duration) {
+	ctx, cancel := context.WithTimeout(p.ctx, takes+time.Minute)
+	defer cancel()
+	if err := p.write(ctx, query, filepath.Join(p.dir, name)); err != nil {
+		fmt.Fprintf(p.stderr, "bench: profile %s: %v\n", name, err)
+	}
+}
+
+func (p *phaseProfiler) write(ctx context.Context, query, path string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.base+"/admin/pprof/"+query, nil)
 	if err != nil {
 		return err
