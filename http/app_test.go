@@ -69,6 +69,13 @@ func newTestApp(t *testing.T, checks ...Check) *testApp {
 	return a
 }
 
+// operationsServer is a server of this app's log and tokens without the api
+// role (OperationsOnly), exposing gatherer at /metrics.
+func (a *testApp) operationsServer(gatherer prometheus.Gatherer) *Server {
+	return NewServer(Deps{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Gatherer: gatherer, Log: a.log, Auth: a.auth},
+		Config{OperationsOnly: true})
+}
+
 func (a *testApp) token(t *testing.T, user domain.UserID) string {
 	t.Helper()
 	tok, err := a.auth.Mint(user, false, time.Now(), time.Hour)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
@@ -31,8 +30,7 @@ func TestOpenConnectionsDoNotKeepLargeAnswers(t *testing.T) {
 	for i := range 25_000 {
 		series.WithLabelValues(strconv.Itoa(i)).Set(float64(i))
 	}
-	srv := NewServer(Deps{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Gatherer: metrics, Log: a.log, Auth: a.auth},
-		Config{OperationsOnly: true})
+	srv := a.operationsServer(metrics)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = srv.Serve(ln) }()

@@ -30,7 +30,10 @@ var profiles = map[string]http.Handler{
 
 // registerProfiling serves the process's runtime profiles to admins: a CPU
 // profile or an execution trace of the running service, as its operator runs
-// it, rather than of a test build.
+// it, rather than of a test build. One route with a path parameter, not
+// Fiber's pprof middleware (a prefix that redirects unknown names), so that
+// it is documented in openapi.yaml like every route and an unknown profile
+// answers 404 in the API's error shape.
 func registerProfiling(app *fiber.App, deps Deps) {
 	handlers := make(map[string]fiber.Handler, len(profiles))
 	for name, h := range profiles {

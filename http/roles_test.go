@@ -1,7 +1,6 @@
 package http
 
 import (
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,9 +15,7 @@ import (
 // routes and none of the contract's.
 func TestOperationsOnlyServesNoContractRoute(t *testing.T) {
 	a := newTestApp(t)
-	reg := prometheus.NewRegistry()
-	a.srv = NewServer(Deps{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg, Log: a.log, Auth: a.auth},
-		Config{OperationsOnly: true})
+	a.srv = a.operationsServer(prometheus.NewRegistry())
 	bearer := "Bearer " + a.token(t, 7)
 	for _, tt := range []struct {
 		method, path string

@@ -475,13 +475,24 @@ func benchURL(ctx context.Context, wl loadbench.Config, opts benchOptions, geten
 	return runObserved(ctx, wl, target, cfg, rawServers{redis: cfg.RedisURL != "", nats: cfg.NATSURL != ""}, opts)
 }
 
+// benchTokens mints the workload's users' tokens, signed with secret.
 func benchTokens(secret string) (func(domain.UserID) (string, error), error) {
+	mint, err := benchMinter(secret)
+	if err != nil {
+		return nil, err
+	}
+	return func(u domain.UserID) (string, error) { return mint(u, false) }, nil
+}
+
+// benchMinter mints a day's tokens signed with secret, with the admin role
+// if asked.
+func benchMinter(secret string) (func(u domain.UserID, admin bool) (string, error), error) {
 	auth, err := feedhttp.NewAuthenticator(secret, nil)
 	if err != nil {
 		return nil, fmt.Errorf("FEED_JWT_SECRET: %w", err)
 	}
 	now := time.Now()
-	return func(u domain.UserID) (string, error) { return auth.Mint(u, false, now, 24*time.Hour) }, nil
+	return func(u domain.UserID, admin bool) (string, error) { return auth.Mint(u, admin, now, 24*time.Hour) }, nil
 }
 
 // rawServers says which servers the raw limits may be measured on: those of

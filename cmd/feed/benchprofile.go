@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/feedproject/feed/cmd/feed/internal/loadbench"
-	feedhttp "github.com/feedproject/feed/http"
 )
 
 // phaseProfiler asks the service, over its admin route /admin/pprof/, for a
@@ -46,11 +45,11 @@ func benchProfiler(ctx context.Context, opts benchOptions, wl loadbench.Config, 
 	if !opts.cpuProfile && opts.trace == 0 {
 		return nil, nil
 	}
-	auth, err := feedhttp.NewAuthenticator(secret, nil)
+	mint, err := benchMinter(secret)
 	if err != nil {
-		return nil, fmt.Errorf("FEED_JWT_SECRET: %w", err)
+		return nil, err
 	}
-	token, err := auth.Mint(1, true, time.Now(), 24*time.Hour)
+	token, err := mint(1, true)
 	if err != nil {
 		return nil, err
 	}
