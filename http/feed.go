@@ -63,9 +63,12 @@ type homeFeed struct {
 	posts     FeedPosts
 	log       *slog.Logger
 	pages     *prometheus.CounterVec
+	shed      prometheus.Counter
 	waitFor   func(*fiber.Ctx) error
 	wait      time.Duration
 	positions *sharedPosition
+	// fallbacks holds a token for each read of the pull feed under way.
+	fallbacks chan struct{}
 }
 
 func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Registerer) {
@@ -79,7 +82,12 @@ func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Regi
 			Help: "Home feed pages served, by source: cache, postgres (cold inbox, Redis down) or mixed (the cache ran out).",
 		}, []string{"source"}),
 	}
-	reg.MustRegister(h.pages)
+	h.shed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "feed_home_shed_total",
+		Help: "Home feed reads answered 503 because as many of its reads of Postgres as it makes at once were under way.",
+	})
+	h.fallbacks = make(chan struct{}, cfg.FeedFallbacks)
+	reg.MustRegister(h.pages, h.shed)
 	h.posts = deps.FeedPosts
 	if h.posts == nil {
 		h.posts = modelPosts{model: deps.FeedModel}
@@ -331,7 +339,35 @@ func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.C
 	return append(page.Posts, rest...), nil
 }
 
+// fallbackWait is how long a read of the pull feed waits for one of the
+// others under way to end before it is refused.
+const fallbackWait = 100 * time.Millisecond
+
+// pull reads the pull feed, at most Config.FeedFallbacks of them at once. A
+// cache that fails, or is only slow, sends every read here, each a query
+// costlier than the page from Redis: unbounded, they queued for Postgres's
+// connections until they timed out, and the load they put on the machine
+// slowed the cache further (README, session 29). A read that finds every
+// slot taken waits fallbackWait for one and is then answered 503 with
+// Retry-After, so Postgres serves what it can at full speed and the rest are
+// told to come back, rather than every read waiting and most failing.
 func (h *homeFeed) pull(ctx context.Context, user domain.UserID, after *domain.Cursor, n int) ([]domain.PostID, error) {
+	select {
+	case h.fallbacks <- struct{}{}:
+	default:
+		t := time.NewTimer(fallbackWait)
+		select {
+		case h.fallbacks <- struct{}{}:
+			t.Stop()
+		case <-t.C:
+			h.shed.Inc()
+			return nil, fmt.Errorf("home feed of %d: %d reads of postgres under way: %w", user, cap(h.fallbacks), domain.ErrUnavailable)
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("home feed of %d: wait to read postgres: %w: %w", user, domain.ErrUnavailable, ctx.Err())
+		}
+	}
+	defer func() { <-h.fallbacks }()
 	entries, err := h.model.Feed(ctx, user, after, n)
 	if err != nil {
 		return nil, err

@@ -2,18 +2,25 @@ package http
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections/feeds"
 )
 
@@ -219,20 +226,126 @@ func TestFollowMergeBelowTheFloor(t *testing.T) {
 	assert.Len(t, w.pageAll(t, a), 7, "paging still reaches the old posts, from Postgres")
 }
 
-// TestFeedWhenRedisIsDown: every page comes from Postgres, complete.
-func TestFeedWhenRedisIsDown(t *testing.T) {
-	w := newFeedWorld(t, feeds.Config{InboxCap: 5})
+// followingOne has user 1 follow user 2, who then posts n times, builds user
+// 1's inbox and returns it once settled.
+func (w *feedWorld) followingOne(t *testing.T, n int) []domain.PostID {
+	t.Helper()
 	const a, b = domain.UserID(1), domain.UserID(2)
 	w.emit(t, follow(a, b))
-	for range 23 {
+	for range n {
 		w.post(t, b)
 	}
 	w.materialise(t, a)
-	want := w.exact(t, a)
-	require.NotEmpty(t, want)
+	return w.exact(t, a)
+}
+
+// TestFeedWhenRedisIsDown: every page comes from Postgres, complete.
+func TestFeedWhenRedisIsDown(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{InboxCap: 5})
+	a := domain.UserID(1)
+	require.NotEmpty(t, w.followingOne(t, 23))
 	truth := w.truth(t, a)
 	require.NoError(t, w.redis.Stop())
 	assert.Equal(t, truth, w.pageAll(t, a), "pages from Postgres alone")
+}
+
+// TestFeedShedsFallbacksPastItsBound: a page past the inbox is a read of
+// Postgres, as every page is with Redis down. Past Config.FeedFallbacks of
+// them at once, a read is answered 503 with Retry-After while the others are
+// still under way, rather than queued behind them until its query times out,
+// and those under way are served whole.
+func TestFeedShedsFallbacksPastItsBound(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{InboxCap: 3})
+	a := domain.UserID(1)
+	require.Len(t, w.followingOne(t, 8), 3)
+	truth := w.truth(t, a)
+	below, err := domain.ParsePostID(truth[3])
+	require.NoError(t, err)
+	cursor := domain.Cursor{ID: int64(below), Unix: domain.IDTime(int64(below)).Unix()}.String()
+	const bound, over = 2, 3
+	reg := prometheus.NewRegistry()
+	srv := w.server(Config{ConsistencyWait: 5 * time.Second, FeedFallbacks: bound}, reg)
+
+	// Every read of the pull feed waits while the follows are locked.
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, w.pgURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(ctx) }()
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "LOCK TABLE "+migrations.Schema+".follows IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	tok, err := w.auth.Mint(a, false, time.Now(), time.Hour)
+	require.NoError(t, err)
+	type answer struct {
+		status     int
+		retryAfter string
+		body       []byte
+	}
+	answers := make(chan answer, bound+over)
+	for range bound + over {
+		go func() {
+			req := httptest.NewRequest(http.MethodGet, "/feed?cursor="+cursor, nil)
+			req.Header.Set("Authorization", "Bearer "+tok)
+			resp, err := srv.App().Test(req, -1)
+			if err != nil {
+				answers <- answer{body: []byte(err.Error())}
+				return
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			answers <- answer{resp.StatusCode, resp.Header.Get("Retry-After"), body}
+		}()
+	}
+	// Well before a query's own timeout (readTimeout), which would answer
+	// 503 too, and with the lock still held.
+	for range over {
+		select {
+		case ans := <-answers:
+			require.Equal(t, http.StatusServiceUnavailable, ans.status, "%s", ans.body)
+			assert.Equal(t, "2", ans.retryAfter)
+			var body errorBody
+			require.NoError(t, json.Unmarshal(ans.body, &body))
+			assert.Equal(t, "unavailable", body.Error.Code)
+		case <-time.After(3 * time.Second):
+			t.Fatal("reads past the bound were not refused while the others waited for Postgres")
+		}
+	}
+	select {
+	case ans := <-answers:
+		t.Fatalf("a read within the bound answered %d while the follows were locked", ans.status)
+	case <-time.After(200 * time.Millisecond):
+	}
+	assert.InDelta(t, over, counterValue(t, reg, "feed_home_shed_total"), 0, "reads shed")
+	require.NoError(t, tx.Rollback(ctx))
+	for range bound {
+		ans := <-answers
+		require.Equal(t, http.StatusOK, ans.status, "%s", ans.body)
+		var v feedPageView
+		require.NoError(t, json.Unmarshal(ans.body, &v))
+		ids := []string{}
+		for _, p := range v.Posts {
+			ids = append(ids, p.ID)
+		}
+		assert.Equal(t, truth[4:], ids, "a read within the bound is served whole")
+	}
+}
+
+// counterValue is the value of the counter name (without labels) in reg.
+func counterValue(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == name {
+			require.Len(t, f.GetMetric(), 1, name)
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
 }
 
 // TestFeedReplayEquivalence: with Redis flushed, the planner replays the log

@@ -51,6 +51,9 @@ type feedWorld struct {
 	maint   *feeds.Maintenance
 	js      jetstream.JetStream
 	plan    feeds.PlannerConfig
+	// deps are srv's, less its metrics, for tests that build another server.
+	deps  Deps
+	pgURL string
 	// beforeCmd, when set, runs (once) before the next command the service
 	// sends to Redis that it matches: a fault injected at an exact moment.
 	beforeCmd atomic.Pointer[redisFault]
@@ -161,11 +164,20 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	// Pages are read through the page cache, as the service does.
 	w.pages = feeds.NewPageCache(w.reader, &redis.Options{Addr: stack.Redis.Addr()}, feeds.PageCacheConfig{}, nil, quiet)
 	wg.Go(func() { _ = w.pages.Run(ctx) })
-	w.srv = NewServer(Deps{
-		Logger: quiet, Registerer: reg, Gatherer: reg, Log: log, Media: store, Auth: w.auth, IDs: ids,
+	w.deps = Deps{
+		Logger: quiet, Log: log, Media: store, Auth: w.auth, IDs: ids,
 		ReadModel: w.read, FeedCache: w.pages, FeedModel: w.read, FeedPosts: w.posts,
-	}, Config{ConsistencyWait: 5 * time.Second})
+	}
+	w.pgURL = stack.Postgres.URL()
+	w.srv = w.server(Config{ConsistencyWait: 5 * time.Second}, reg)
 	return w
+}
+
+// server is another server of the world's service, with its own metrics.
+func (w *feedWorld) server(cfg Config, reg *prometheus.Registry) *Server {
+	deps := w.deps
+	deps.Registerer, deps.Gatherer = reg, reg
+	return NewServer(deps, cfg)
 }
 
 // settle waits until both projectors have applied the whole log.

@@ -40,6 +40,11 @@ type Config struct {
 	// ConsistencyWait bounds how long a read waits for its projection to reach
 	// the request's X-Min-Position; default 2s.
 	ConsistencyWait time.Duration
+	// FeedFallbacks is the most reads of the pull feed in Postgres that GET
+	// /feed makes at once (a cold inbox, Redis down or slow, a page past the
+	// inbox); a read that finds them all under way for 100 ms is answered
+	// 503. Default 2: half the read model pool pgx makes on two cores.
+	FeedFallbacks int
 	// OperationsOnly serves the operations' routes alone (/healthz, /readyz,
 	// /metrics, /openapi.yaml and the admin routes, profiles too), not the contract's: a
 	// process without the api role. Deps.Media may then be nil.
@@ -55,6 +60,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConsistencyWait == 0 {
 		c.ConsistencyWait = 2 * time.Second
+	}
+	if c.FeedFallbacks <= 0 {
+		c.FeedFallbacks = 2
 	}
 	return c
 }

@@ -223,6 +223,12 @@ const devRedisNice = -5
 // policy. A deployment gives Redis cores of its own instead.
 const devRedisRealtime = 1
 
+// feedFallbacks is how many reads of the pull feed GET /feed makes at once,
+// of a read pool of conns connections: half of them, so that a cache outage
+// leaves the other half to the profiles, posts and hydration that read
+// Postgres in any case.
+func feedFallbacks(conns int32) int { return max(1, int(conns)/2) }
+
 // projectorConns is the size of the read model projector's pool: one batch
 // at a time, and a connection spare. Were it to share the reads' pool, it
 // would queue behind every read for a connection: at 500 feed reads/s on the
@@ -433,7 +439,11 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	if postCache != nil {
 		deps.FeedPosts = postCache
 	}
-	srv := feedhttp.NewServer(deps, feedhttp.Config{ConsistencyWait: cfg.ConsistencyWait, OperationsOnly: !api})
+	srv := feedhttp.NewServer(deps, feedhttp.Config{
+		ConsistencyWait: cfg.ConsistencyWait,
+		FeedFallbacks:   feedFallbacks(in.pg.Config().MaxConns),
+		OperationsOnly:  !api,
+	})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
