@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -93,4 +97,27 @@ func TestServiceSetsItsGCTargetUnlessGOGCIs(t *testing.T) {
 	assert.True(t, set)
 	assert.Equal(t, 150, pct, "what GOGC set is left alone")
 	assert.Equal(t, 150, debug.SetGCPercent(prev))
+}
+
+// TestReadersGiveUpOnRedisAtOnce: a read against a Redis that refuses
+// connections dials twice (the reader's one retry), once each, and fails;
+// go-redis's defaults dial ten times, 100 ms apart, before the read can fall
+// back to Postgres.
+func TestReadersGiveUpOnRedisAtOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	var dials atomic.Int32
+	opts := readerOptions(&redis.Options{Addr: addr})
+	opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	err = rdb.Get(context.Background(), "k").Err()
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	assert.EqualValues(t, 2, dials.Load(), "dials for one read")
 }
