@@ -41,8 +41,10 @@ type errorDetail struct {
 
 // errorHandler writes every failure in the contract's error body. Category errors
 // show their message; anything else is logged once with its chain and shown as
-// "internal error".
+// "internal error". A dependency unavailable is logged a line a second at
+// most: while one is down, every request that needs it fails.
 func errorHandler(log *slog.Logger) fiber.ErrorHandler {
+	unavailable := newSampledLog()
 	return func(c *fiber.Ctx, err error) error {
 		status, code, message := classify(err)
 		if c.Request().Header.ContentLength() != 0 {
@@ -54,7 +56,7 @@ func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 			log.Error("request failed", "method", c.Method(), "path", c.Path(), "err", err)
 		}
 		if status == fiber.StatusServiceUnavailable {
-			log.Warn("dependency unavailable", "method", c.Method(), "path", c.Path(), "err", err)
+			unavailable.log(c.UserContext(), log, slog.LevelWarn, "dependency unavailable", "method", c.Method(), "path", c.Path(), "err", err)
 			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(retryAfterSeconds))
 		}
 		return c.Status(status).JSON(errorBody{Error: errorDetail{Code: code, Message: message}})

@@ -69,14 +69,17 @@ type homeFeed struct {
 	positions *sharedPosition
 	// fallbacks holds a token for each read of the pull feed under way.
 	fallbacks chan struct{}
+	// Failures every read meets while Redis is down, logged a line a second.
+	cacheDown, positionUnknown, requestFailed *sampledLog
 }
 
 func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Registerer) {
 	h := &homeFeed{
-		cache: deps.FeedCache,
-		model: deps.FeedModel,
-		log:   deps.Logger,
-		wait:  cfg.ConsistencyWait,
+		cache:     deps.FeedCache,
+		model:     deps.FeedModel,
+		log:       deps.Logger,
+		wait:      cfg.ConsistencyWait,
+		cacheDown: newSampledLog(), positionUnknown: newSampledLog(), requestFailed: newSampledLog(),
 		pages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "feed_home_pages_total",
 			Help: "Home feed pages served, by source: cache, postgres (cold inbox, Redis down) or mixed (the cache ran out).",
@@ -118,7 +121,7 @@ func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Regi
 func (h *homeFeed) position(ctx context.Context, min uint64) (uint64, error) {
 	pos, err := h.positions.get(ctx, min)
 	if err != nil {
-		h.log.Warn("home feed position unknown", "err", err)
+		h.positionUnknown.log(ctx, h.log, slog.LevelWarn, "home feed position unknown", "err", err)
 		return 0, nil
 	}
 	return pos, nil
@@ -312,12 +315,12 @@ func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.C
 	page, err := h.cache.Page(ctx, user, before, want, minPos)
 	switch {
 	case err != nil:
-		h.log.Error("home feed cache unavailable; serving from postgres", "user", user, "err", err)
+		h.cacheDown.log(ctx, h.log, slog.LevelError, "home feed cache unavailable; serving from postgres", "user", user, "err", err)
 		h.pages.WithLabelValues("postgres").Inc()
 		return h.pull(ctx, user, cursor, want)
 	case !page.Materialised:
 		if err := h.cache.RequestMaterialise(ctx, user); err != nil {
-			h.log.Warn("request inbox", "user", user, "err", err)
+			h.requestFailed.log(ctx, h.log, slog.LevelWarn, "request inbox", "user", user, "err", err)
 		}
 		h.pages.WithLabelValues("postgres").Inc()
 		return h.pull(ctx, user, cursor, want)
