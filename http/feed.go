@@ -324,7 +324,11 @@ func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.C
 		}
 		h.pages.WithLabelValues("postgres").Inc()
 		return h.pull(ctx, user, cursor, want)
-	case len(page.Posts) == want:
+	case len(page.Posts) == want, page.Floor == 0:
+		// A full page, or the feed's end: at floor 0 the inbox and the big
+		// followees' outboxes hold every post of the feed, so a short page
+		// is its last. (A feed of a few posts would otherwise be read from
+		// Postgres on every page: at a service's start, all of them.)
 		h.pages.WithLabelValues("cache").Inc()
 		return page.Posts, nil
 	}
@@ -343,8 +347,11 @@ func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.C
 }
 
 // fallbackWait is how long a read of the pull feed waits for one of the
-// others under way to end before it is refused.
-const fallbackWait = 100 * time.Millisecond
+// others under way to end before it is refused: long enough for a burst of
+// cold inboxes (every user's first read after Redis lost its data, hundreds
+// at once) to be served, short enough that a read refused is told so within
+// a second.
+const fallbackWait = time.Second
 
 // pull reads the pull feed, at most Config.FeedFallbacks of them at once. A
 // cache that fails, or is only slow, sends every read here, each a query

@@ -249,6 +249,34 @@ func TestFeedWhenRedisIsDown(t *testing.T) {
 	assert.Equal(t, truth, w.pageAll(t, a), "pages from Postgres alone")
 }
 
+// TestFeedOfAFewPostsIsReadFromRedisAlone: an inbox that holds the whole
+// feed (its floor 0) answers its short last page without Postgres, whose
+// pull feed is locked meanwhile; a read of it would wait out its deadline
+// and answer 503.
+func TestFeedOfAFewPostsIsReadFromRedisAlone(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{})
+	a := domain.UserID(1)
+	require.Len(t, w.followingOne(t, 3), 3)
+	truth := w.truth(t, a)
+	defer w.lockFollows(t)()
+	assert.Equal(t, truth, w.pageAll(t, a))
+}
+
+// lockFollows holds the read model's follows table until release (or the
+// test's end), so that every read of the pull feed waits.
+func (w *feedWorld) lockFollows(t *testing.T) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, w.pgURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "LOCK TABLE "+migrations.Schema+".follows IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	return func() { require.NoError(t, tx.Rollback(ctx)) }
+}
+
 // TestFeedShedsFallbacksPastItsBound: a page past the inbox is a read of
 // Postgres, as every page is with Redis down. Past Config.FeedFallbacks of
 // them at once, a read is answered 503 with Retry-After while the others are
@@ -266,16 +294,7 @@ func TestFeedShedsFallbacksPastItsBound(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	srv := w.server(Config{ConsistencyWait: 5 * time.Second, FeedFallbacks: bound}, reg)
 
-	// Every read of the pull feed waits while the follows are locked.
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, w.pgURL)
-	require.NoError(t, err)
-	defer func() { _ = conn.Close(ctx) }()
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "LOCK TABLE "+migrations.Schema+".follows IN ACCESS EXCLUSIVE MODE")
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
+	release := w.lockFollows(t)
 
 	tok, err := w.auth.Mint(a, false, time.Now(), time.Hour)
 	require.NoError(t, err)
@@ -319,7 +338,7 @@ func TestFeedShedsFallbacksPastItsBound(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	assert.InDelta(t, over, counterValue(t, reg, "feed_home_shed_total"), 0, "reads shed")
-	require.NoError(t, tx.Rollback(ctx))
+	release()
 	for range bound {
 		ans := <-answers
 		require.Equal(t, http.StatusOK, ans.status, "%s", ans.body)

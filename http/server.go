@@ -42,7 +42,7 @@ type Config struct {
 	ConsistencyWait time.Duration
 	// FeedFallbacks is the most reads of the pull feed in Postgres that GET
 	// /feed makes at once (a cold inbox, Redis down or slow, a page past the
-	// inbox); a read that finds them all under way for 100 ms is answered
+	// inbox); a read that finds them all under way for a second is answered
 	// 503. Default 2: half the read model pool pgx makes on two cores.
 	FeedFallbacks int
 	// OperationsOnly serves the operations' routes alone (/healthz, /readyz,
