@@ -75,11 +75,13 @@ type homeFeed struct {
 
 func registerHomeFeed(app *fiber.App, deps Deps, cfg Config, reg prometheus.Registerer) {
 	h := &homeFeed{
-		cache:     deps.FeedCache,
-		model:     deps.FeedModel,
-		log:       deps.Logger,
-		wait:      cfg.ConsistencyWait,
-		cacheDown: newSampledLog(), positionUnknown: newSampledLog(), requestFailed: newSampledLog(),
+		cache:           deps.FeedCache,
+		model:           deps.FeedModel,
+		log:             deps.Logger,
+		wait:            cfg.ConsistencyWait,
+		cacheDown:       newSampledLog(),
+		positionUnknown: newSampledLog(),
+		requestFailed:   newSampledLog(),
 		pages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "feed_home_pages_total",
 			Help: "Home feed pages served, by source: cache, postgres (cold inbox, Redis down) or mixed (the cache ran out).",

@@ -203,7 +203,7 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 // With go-redis's defaults (five attempts a dial, 100 ms apart, and a
 // backoff before the retry), the first pages after Redis stopped took
 // 0.9-2.5 s each, and those after them 16-50 ms against 3 ms, until Redis
-// came back (README, decision 43).
+// came back (README, decision 44).
 func readerOptions(base *redis.Options) *redis.Options {
 	o := *base
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 500*time.Millisecond, time.Second, time.Second
