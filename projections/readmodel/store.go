@@ -26,10 +26,48 @@ import (
 const checkpointName = "readmodel"
 
 // Store answers queries from the read model.
-type Store struct{ pool *pgxpool.Pool }
+type Store struct {
+	pool *pgxpool.Pool
+	// turns holds a token for each query under way: at most the pool's
+	// connections, so none queues inside the pool (see turn).
+	turns chan struct{}
+}
 
 // NewStore returns a store reading from pool.
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+func NewStore(pool *pgxpool.Pool) *Store {
+	return &Store{pool: pool, turns: make(chan struct{}, max(1, pool.Config().MaxConns))}
+}
+
+// turnWait is how long a query waits for one of those under way to end
+// before it is refused.
+const turnWait = time.Second
+
+// turn waits for a query's turn: a connection of the pool, free now or
+// within turnWait; beyond that the query fails at once as unavailable
+// (503 with Retry-After at the API). When Postgres slows, the reads that
+// come meanwhile would otherwise queue for its connections until each one's
+// own deadline and fail only then: in a bench's wave of load, 1 391 page
+// hydrations waited out five seconds each (README, session 30). release
+// ends the turn.
+func (s *Store) turn(ctx context.Context, what string) (release func(), err error) {
+	select {
+	case s.turns <- struct{}{}:
+		return s.leave, nil
+	default:
+	}
+	t := time.NewTimer(turnWait)
+	defer t.Stop()
+	select {
+	case s.turns <- struct{}{}:
+		return s.leave, nil
+	case <-t.C:
+		return nil, fmt.Errorf("%s: all %d connections to postgres busy for %s: %w", what, cap(s.turns), turnWait, domain.ErrUnavailable)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%s: waiting for postgres: %w: %w", what, domain.ErrUnavailable, ctx.Err())
+	}
+}
+
+func (s *Store) leave() { <-s.turns }
 
 // Media is one image of a post.
 type Media struct {
@@ -220,6 +258,11 @@ func (s *Store) PostsAt(ctx context.Context, ids []domain.PostID, viewer domain.
 	for i, id := range ids {
 		raw[i] = int64(id)
 	}
+	release, err := s.turn(ctx, "read posts")
+	if err != nil {
+		return nil, 0, err
+	}
+	defer release()
 	rows, err := s.pool.Query(ctx, selectPosts, raw, int64(viewer), checkpointName)
 	if err != nil {
 		return nil, 0, queryError("read posts", err)
@@ -266,6 +309,11 @@ func (s *Store) PostsAt(ctx context.Context, ids []domain.PostID, viewer domain.
 func (s *Store) ProfileGrid(ctx context.Context, user domain.UserID, after *domain.Cursor) (Page[GridItem], error) {
 	// The join keeps the scan on posts_by_author in id order and fetches one
 	// media row per post by its primary key.
+	release, err := s.turn(ctx, fmt.Sprintf("profile grid of user %d", user))
+	if err != nil {
+		return Page[GridItem]{}, err
+	}
+	defer release()
 	rows, err := s.pool.Query(ctx, `
 		SELECT p.id, p.created_at, p.like_count, p.comment_count,
 		       m.media_key, m.content_type, m.width, m.height, m.position
@@ -301,6 +349,11 @@ func (s *Store) Comments(ctx context.Context, post domain.PostID, after *domain.
 	if after != nil {
 		from = after.ID
 	}
+	release, err := s.turn(ctx, fmt.Sprintf("comments of post %d", post))
+	if err != nil {
+		return Page[Comment]{}, err
+	}
+	defer release()
 	rows, err := s.pool.Query(ctx, `
 		SELECT c.id, c.user_id, c.text, c.created_at
 		FROM posts p
@@ -378,6 +431,11 @@ func (s *Store) follows(ctx context.Context, what, query string, user domain.Use
 		at = pgtype.Timestamptz{Time: time.Unix(after.Unix, 0), Valid: true}
 		id = after.ID
 	}
+	release, err := s.turn(ctx, what)
+	if err != nil {
+		return Page[domain.UserID]{}, err
+	}
+	defer release()
 	rows, err := s.pool.Query(ctx, query, int64(user), at, id, fetchSize)
 	if err != nil {
 		return Page[domain.UserID]{}, queryError(what, err)
@@ -425,6 +483,11 @@ func (s *Store) Feed(ctx context.Context, user domain.UserID, after *domain.Curs
 	if limit <= 0 {
 		return []FeedEntry{}, nil
 	}
+	release, err := s.turn(ctx, fmt.Sprintf("pull feed of user %d", user))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	rows, err := s.pool.Query(ctx, selectFeed, int64(user), before(after), limit)
 	if err != nil {
 		return nil, queryError(fmt.Sprintf("pull feed of user %d", user), err)
@@ -443,8 +506,13 @@ func (s *Store) Feed(ctx context.Context, user domain.UserID, after *domain.Curs
 // Position is the log position the read model has applied: the read model
 // projector's checkpoint, 0 before its first batch.
 func (s *Store) Position(ctx context.Context) (uint64, error) {
+	release, err := s.turn(ctx, "read model position")
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	var pos int64
-	err := s.pool.QueryRow(ctx, `SELECT position FROM projector_checkpoints WHERE projector = $1`, checkpointName).Scan(&pos)
+	err = s.pool.QueryRow(ctx, `SELECT position FROM projector_checkpoints WHERE projector = $1`, checkpointName).Scan(&pos)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}

@@ -556,6 +556,51 @@ func TestUnreachablePostgresIsUnavailable(t *testing.T) {
 	require.ErrorIs(t, err, domain.ErrUnavailable)
 }
 
+// TestBusyPostgresRefusesReadsAtOnce: with every connection of the pool
+// held by a query that waits (on a table lock), a further read is refused
+// as unavailable within the store's wait for a turn, long before its own
+// deadline, and touches nothing; those under way finish once the lock goes.
+func TestBusyPostgresRefusesReadsAtOnce(t *testing.T) {
+	t.Parallel()
+	pool := openPool(t, func(c *pgxpool.Config) { c.MaxConns = 3 })
+	store := readmodel.NewStore(pool)
+	seed := newSeeder(t, pool)
+	post := seed.post(601, 1)
+	ctx := context.Background()
+
+	// A connection of its own (not the pool's) holds the posts table.
+	conn, err := pgx.Connect(ctx, pool.Config().ConnString())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "LOCK TABLE "+migrations.Schema+".posts IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	// Three reads take the pool's three connections and wait on the lock.
+	done := make(chan error, 3)
+	for range 3 {
+		go func() {
+			_, err := store.Post(ctx, post.ID, 0)
+			done <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 3 }, 10*time.Second, 5*time.Millisecond)
+
+	// A fourth, with a deadline far off, is refused without waiting for it.
+	deadline, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	_, err = store.ProfileGrid(deadline, 601, nil)
+	require.ErrorIs(t, err, domain.ErrUnavailable)
+	require.NoError(t, deadline.Err(), "refused before its deadline")
+	assert.Equal(t, int32(3), pool.Stat().AcquiredConns(), "the refused read took no connection")
+
+	require.NoError(t, tx.Rollback(ctx))
+	for range 3 {
+		require.NoError(t, <-done, "a read under way finishes once the lock goes")
+	}
+}
+
 // queryLog records the statements a pool runs, so a test can EXPLAIN exactly
 // what the store sent.
 type queryLog struct {
