@@ -85,7 +85,7 @@ const unseenLogged = 20
 // records the time from acceptedAt (the 202) to the answer that showed it. At
 // most cap(r.fresh) pollers run at once; a post that finds them all busy is
 // not sampled.
-func (r *runner) trackFreshness(ctx context.Context, p *phase, author domain.UserID, post domain.PostID, big bool, acceptedAt time.Time, pollers []domain.UserID) {
+func (r *runner) trackFreshness(ctx context.Context, p *phase, author domain.UserID, post domain.PostID, pos uint64, big bool, acceptedAt time.Time, pollers []domain.UserID) {
 	for _, u := range pollers {
 		select {
 		case r.fresh <- struct{}{}:
@@ -102,10 +102,29 @@ func (r *runner) trackFreshness(ctx context.Context, p *phase, author domain.Use
 			// Named, so that a post that never arrived can be looked for in
 			// the log and the stores (with --keep).
 			if !seen && r.unseen.Add(1) <= unseenLogged {
-				r.logf("freshness: post %d of user %d (accepted %s) was not on follower %d's feed within %s",
-					post, author, acceptedAt.UTC().Format(time.RFC3339Nano), u, fmtDuration(r.cfg.FreshTimeout))
+				r.logf("freshness: post %d of user %d (accepted %s at position %d) was not on follower %d's feed within %s; %s",
+					post, author, acceptedAt.UTC().Format(time.RFC3339Nano), pos, u, fmtDuration(r.cfg.FreshTimeout),
+					r.lateOrLost(ctx, u, post, pos))
 			}
 		})
+	}
+}
+
+// lateOrLost says whether a post its poller never saw is on the follower's
+// feed once the feeds have applied the post's position (X-Min-Position): a
+// post that is there was late; one that is not was lost, which no correct
+// run has. Its reads are not recorded in the phase.
+func (r *runner) lateOrLost(ctx context.Context, user domain.UserID, post domain.PostID, pos uint64) string {
+	page, at, err := r.api.feed(ctx, user, aboveCursor(post), pos)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("its page once the feeds reach its position: %v", err)
+	case at < pos:
+		return fmt.Sprintf("the feeds had not reached its position (they were at %d)", at)
+	case len(page.IDs) > 0 && page.IDs[0] == post:
+		return fmt.Sprintf("it was there once the feeds reached its position (at %d): late, not lost", at)
+	default:
+		return fmt.Sprintf("LOST: it was not there with the feeds at %d (the page below it begins %v)", at, page.IDs[:min(3, len(page.IDs))])
 	}
 }
 
@@ -115,7 +134,7 @@ func (r *runner) trackFreshness(ctx context.Context, p *phase, author domain.Use
 // above the post says whether it has arrived.
 func (r *runner) pollUntilSeen(ctx context.Context, p *phase, user domain.UserID, post domain.PostID, acceptedAt time.Time) (time.Duration, bool) {
 	deadline := acceptedAt.Add(r.cfg.FreshTimeout)
-	above := fmt.Sprintf("%d:%d", post+1, domain.IDTime(int64(post)+1).Unix())
+	above := aboveCursor(post)
 	for {
 		seen, err := r.seen(ctx, p, user, post, above)
 		if err == nil && seen {
@@ -131,6 +150,11 @@ func (r *runner) pollUntilSeen(ctx context.Context, p *phase, user domain.UserID
 		case <-time.After(wait):
 		}
 	}
+}
+
+// aboveCursor is the feed cursor whose page begins with post, if it is there.
+func aboveCursor(post domain.PostID) string {
+	return fmt.Sprintf("%d:%d", post+1, domain.IDTime(int64(post)+1).Unix())
 }
 
 // seen reports whether post is on user's first page, or, if the first page

@@ -192,7 +192,7 @@ func (r *runner) planPost(rng *rand.Rand) func(time.Time) arrival {
 			if !big {
 				p.fanout.Add(int64(len(r.graph.Followers(author))))
 			}
-			r.trackFreshness(ctx, p, author, id, big, acceptedAt, pollers)
+			r.trackFreshness(ctx, p, author, id, pos, big, acceptedAt, pollers)
 		}
 	}
 }
