@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -97,6 +98,28 @@ func TestServiceSetsItsGCTargetUnlessGOGCIs(t *testing.T) {
 	assert.True(t, set)
 	assert.Equal(t, 150, pct, "what GOGC set is left alone")
 	assert.Equal(t, 150, debug.SetGCPercent(prev))
+}
+
+// TestServiceRunsTwicePsAsCPUsUnlessGOMAXPROCSIs: the service runs
+// procsPerCPU Ps a CPU, however many times serve starts in one process, but
+// an operator's GOMAXPROCS wins.
+func TestServiceRunsTwicePsAsCPUsUnlessGOMAXPROCSIs(t *testing.T) {
+	prev := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	unset := func(string) (string, bool) { return "", false }
+
+	for range 2 {
+		procs, set := setProcs(unset)
+		assert.False(t, set)
+		assert.Equal(t, procsPerCPU*defaultProcs, procs)
+		assert.Equal(t, procsPerCPU*defaultProcs, runtime.GOMAXPROCS(0), "the Ps in force, not compounded")
+	}
+
+	runtime.GOMAXPROCS(3)
+	procs, set := setProcs(func(k string) (string, bool) { return "3", k == "GOMAXPROCS" })
+	assert.True(t, set)
+	assert.Equal(t, 3, procs, "what GOMAXPROCS set is left alone")
+	assert.Equal(t, 3, runtime.GOMAXPROCS(0))
 }
 
 // TestReadersGiveUpOnRedisAtOnce: a read against a Redis that refuses

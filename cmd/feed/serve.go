@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -273,6 +274,33 @@ func setGCPercent(lookup func(string) (string, bool)) (int, bool) {
 	return gcPercent, false
 }
 
+// procsPerCPU is how many of the Go scheduler's Ps the service and the NATS
+// server it starts (`feed nats`) each run with for each CPU they may use,
+// unless GOMAXPROCS is set. They share the machine with each other, Redis and
+// Postgres; when the kernel takes a thread off the CPU to run another
+// process, the P that thread holds is held with it, and the goroutines queued
+// on it wait until the thread is back, even while another core is free. With
+// twice as many Ps as CPUs, other threads run them meanwhile (README: Session
+// 31 and 32).
+const procsPerCPU = 2
+
+// defaultProcs is the runtime's own GOMAXPROCS, taken before anything sets
+// it: the CPUs the process may use (its cgroup's limit, if lower).
+var defaultProcs = runtime.GOMAXPROCS(0)
+
+// setProcs applies procsPerCPU to defaultProcs unless GOMAXPROCS is set
+// (which the runtime has applied already); it returns the Ps in force and
+// whether GOMAXPROCS set them. Setting them ends the runtime's own updates to
+// a changed CPU limit (Go 1.25), which a restart picks up.
+func setProcs(lookup func(string) (string, bool)) (int, bool) {
+	if _, set := lookup("GOMAXPROCS"); set {
+		return runtime.GOMAXPROCS(0), true
+	}
+	n := procsPerCPU * defaultProcs
+	runtime.GOMAXPROCS(n)
+	return n, false
+}
+
 // listpackEntries is Redis' zset-max-listpack-entries for the feeds: above the
 // inbox cap and a small inbox's five bookkeeping members, so every inbox stays
 // a listpack.
@@ -305,6 +333,9 @@ func logStop(logger *slog.Logger, what string, err error) {
 func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdout io.Writer) error {
 	if pct, set := setGCPercent(os.LookupEnv); !set {
 		logger.Info("garbage collector target (GOGC, when set, takes precedence)", "gogc", pct)
+	}
+	if procs, set := setProcs(os.LookupEnv); !set {
+		logger.Info("scheduler's Ps (GOMAXPROCS, when set, takes precedence)", "gomaxprocs", procs)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
