@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -13,47 +15,94 @@ import (
 	"time"
 )
 
-// machineCPU reads the machine's busy, in-kernel and total CPU time, in clock
-// ticks, from /proc/stat (Linux): the bench and the service share the machine,
-// so how busy it was is part of every figure.
-func machineCPU() (busy, kernel, total uint64, err error) {
+// cpuTicks is the machine's CPU time from /proc/stat, in clock ticks.
+type cpuTicks struct {
+	// busy is the time the CPUs ran work (user, nice, system, irq, softirq);
+	// kernel the part of it in the kernel (system, irq, softirq).
+	busy, kernel uint64
+	// steal is the time the hypervisor ran something else while this
+	// machine's CPUs had work: not busy, yet not idle either.
+	steal uint64
+	total uint64
+}
+
+// machineCPU reads the machine's CPU time from /proc/stat (Linux): the bench
+// and the service share the machine, so how busy it was is part of every
+// figure.
+func machineCPU() (cpuTicks, error) {
 	f, err := os.Open("/proc/stat")
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("machine cpu: %w", err)
+		return cpuTicks{}, fmt.Errorf("machine cpu: %w", err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	if !sc.Scan() {
-		return 0, 0, 0, fmt.Errorf("machine cpu: empty /proc/stat: %w", sc.Err())
+		return cpuTicks{}, fmt.Errorf("machine cpu: empty /proc/stat: %w", sc.Err())
 	}
 	return parseCPULine(sc.Text())
 }
 
 // parseCPULine reads the aggregate "cpu user nice system idle iowait irq
-// softirq steal ..." line; idle and iowait are not busy, and system, irq and
-// softirq are in the kernel.
-func parseCPULine(line string) (busy, kernel, total uint64, err error) {
+// softirq steal ..." line; idle and iowait are not busy, nor is steal, which
+// is counted apart.
+func parseCPULine(line string) (cpuTicks, error) {
 	fields := strings.Fields(line)
 	if len(fields) < 5 || fields[0] != "cpu" {
-		return 0, 0, 0, fmt.Errorf("machine cpu: unexpected line %q", line)
+		return cpuTicks{}, fmt.Errorf("machine cpu: unexpected line %q", line)
 	}
+	var t cpuTicks
 	for i, f := range fields[1:] {
 		if i >= 8 { // guest time is already counted in user
 			break
 		}
 		v, err := strconv.ParseUint(f, 10, 64)
 		if err != nil {
-			return 0, 0, 0, fmt.Errorf("machine cpu: %q: %w", line, err)
+			return cpuTicks{}, fmt.Errorf("machine cpu: %q: %w", line, err)
 		}
-		total += v
-		if i != 3 && i != 4 {
-			busy += v
+		t.total += v
+		switch i {
+		case 3, 4: // idle, iowait
+		case 7:
+			t.steal += v
+		default:
+			t.busy += v
 		}
 		if i == 2 || i == 5 || i == 6 {
-			kernel += v
+			t.kernel += v
 		}
 	}
-	return busy, kernel, total, nil
+	return t, nil
+}
+
+// kdamondCPU is the CPU time the kernel's DAMON monitors (its kdamond
+// threads) have used, from the proc file system at root: their sampling
+// takes the CPU from whatever runs on it (README, Session 28). ok is false
+// when none runs.
+func kdamondCPU(root fs.FS) (d time.Duration, ok bool) {
+	entries, err := fs.ReadDir(root, "proc")
+	if err != nil {
+		return 0, false
+	}
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		comm, err := fs.ReadFile(root, path.Join("proc", e.Name(), "comm"))
+		if err != nil || !strings.HasPrefix(string(comm), "kdamond") {
+			continue
+		}
+		stat, err := fs.ReadFile(root, path.Join("proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		p, err := parseStat(string(stat))
+		if err != nil {
+			continue
+		}
+		d += time.Duration(p.utime+p.stime) * time.Second / clockTicks
+		ok = true
+	}
+	return d, ok
 }
 
 // selfCPU is the CPU time the bench's own process has used (its threads,

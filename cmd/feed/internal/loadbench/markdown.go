@@ -213,14 +213,19 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 		whose = "the feed process"
 	}
 	fmt.Fprintf(b, "CPU, mean cores used (of %d), and how long goroutines of %s waited to run once runnable:\n\n", runtime.NumCPU(), whose)
-	fmt.Fprintf(b, "| phase | machine | of it in the kernel | feed process | Redis | Postgres | NATS | bench | anything else | goroutines | run-queue wait p50 | p99 | the service's p99 bucket |\n")
-	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "| phase | machine | of it in the kernel | stolen | DAMON | feed process | Redis | Postgres | NATS | bench | anything else | goroutines | run-queue wait p50 | p99 | the service's p99 bucket |\n")
+	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range s.CPU {
 		bench := cores(c.Bench)
 		if c.Bench < 0 && r.InProcess {
 			bench = "in the feed process"
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Kernel), cores(c.Process), cores(c.Redis),
+		damon := cores(c.DAMON)
+		if c.DAMON < 0 {
+			damon = "none"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s |\n", c.Phase, cores(c.Machine), cores(c.Kernel),
+			cores(c.Steal), damon, cores(c.Process), cores(c.Redis),
 			cores(c.Postgres), cores(c.NATS), bench, cores(c.other()), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99), c.ServiceSchedP99)
 	}
 	fmt.Fprintf(b, "\nThe service's p99 bucket is of its own `go_sched_latencies_seconds` (coarse buckets, a decade apart). "+
@@ -228,6 +233,9 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 		"(its share is in the CPU profiles of `--cpuprofile`, label `bench=loadgen`; its goroutines are counted too). "+
 		"NATS runs as a child process of the service (`feed nats`), in its own column; it is unknown when the service uses "+
 		"an external NATS_URL, and then counted in *anything else*. "+
+		"*Stolen* is time the hypervisor gave the machine's CPUs to something else while they had work (`/proc/stat`'s steal, not in *machine*): "+
+		"the service's threads waited for it. *DAMON* is the kernel's DAMON monitors' threads (`kdamond`, in *machine*), whose sampling took "+
+		"the CPU from the service in bursts (README, *Session 28*). "+
 		"Redis runs commands on one thread. *Bench* is the bench's own process (the load generator, the freshness poller, "+
 		"the sampler), when the service runs in a process of its own. *Anything else* is other work on the machine, which the figures above shared it with. "+
 		"A large share in the kernel can be the machine's own state: on an ext4 without a journal, files created "+
@@ -242,7 +250,7 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 // other is the phase's mean of Sample.OtherCPU.
 func (c CPUSummary) other() float64 {
 	return Sample{MachineCPU: c.Machine, ProcessCPU: c.Process, RedisCPU: c.Redis, PostgresCPU: c.Postgres,
-		NATSCPU: c.NATS, BenchCPU: c.Bench}.OtherCPU()
+		NATSCPU: c.NATS, BenchCPU: c.Bench, DAMONCPU: c.DAMON}.OtherCPU()
 }
 
 func mdRatios(b *strings.Builder, s Summary) {

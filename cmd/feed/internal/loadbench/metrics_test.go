@@ -1,10 +1,12 @@
 package loadbench
 
 import (
+	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
@@ -99,15 +101,42 @@ feed_projector_delay_seconds_count{projector="feeds-appliers"} 100
 }
 
 func TestParseCPULine(t *testing.T) {
-	busy, kernel, total, err := parseCPULine("cpu  100 5 50 800 40 3 2 0 7 0")
+	ticks, err := parseCPULine("cpu  100 5 50 800 40 3 2 9 7 0")
 	require.NoError(t, err)
-	assert.Equal(t, uint64(160), busy, "user, nice, system, irq, softirq and steal")
-	assert.Equal(t, uint64(55), kernel, "system, irq and softirq")
-	assert.Equal(t, uint64(1000), total)
-	_, _, _, err = parseCPULine("cpu0 1 2 3 4")
+	assert.Equal(t, uint64(160), ticks.busy, "user, nice, system, irq and softirq")
+	assert.Equal(t, uint64(55), ticks.kernel, "system, irq and softirq")
+	assert.Equal(t, uint64(9), ticks.steal, "steal, apart from busy")
+	assert.Equal(t, uint64(1009), ticks.total, "guest time is in user already")
+	_, err = parseCPULine("cpu0 1 2 3 4")
 	assert.Error(t, err)
-	_, _, _, err = parseCPULine("cpu 1 x 3 4")
+	_, err = parseCPULine("cpu 1 x 3 4")
 	assert.Error(t, err)
+}
+
+// TestKdamondCPUSumsTheMonitorsThreads: every kdamond thread's user and
+// system time, and no other process's; a machine without one has none.
+func TestKdamondCPUSumsTheMonitorsThreads(t *testing.T) {
+	stat := func(pid, comm string, utime, stime int) *fstest.MapFile {
+		return &fstest.MapFile{Data: fmt.Appendf(nil, "%s (%s) S 2 0 0 0 -1 2129984 0 0 0 0 %d %d 0 0 20 0 1 0 100 0 0", pid, comm, utime, stime)}
+	}
+	root := fstest.MapFS{
+		"proc/77/comm":   {Data: []byte("kdamond.0\n")},
+		"proc/77/stat":   stat("77", "kdamond.0", 0, 1500),
+		"proc/78/comm":   {Data: []byte("kdamond.1\n")},
+		"proc/78/stat":   stat("78", "kdamond.1", 20, 30),
+		"proc/500/comm":  {Data: []byte("redis-server\n")},
+		"proc/500/stat":  stat("500", "redis-server", 9000, 9000),
+		"proc/self/comm": {Data: []byte("kdamond.9\n")},
+		"proc/stat":      {Data: []byte("cpu  1 2 3 4\n")},
+	}
+	d, ok := kdamondCPU(root)
+	require.True(t, ok)
+	assert.Equal(t, 15500*time.Millisecond, d, "1 500 + 50 ticks of 10 ms")
+
+	delete(root, "proc/77/comm")
+	delete(root, "proc/78/comm")
+	_, ok = kdamondCPU(root)
+	assert.False(t, ok, "no monitor runs")
 }
 
 func TestParseStat(t *testing.T) {

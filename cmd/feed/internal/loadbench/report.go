@@ -384,7 +384,11 @@ type CPUSummary struct {
 	// Bench is the bench's own process (-1 when the service ran inside it).
 	Bench float64
 	// Kernel is the part of Machine spent in the kernel.
-	Kernel             float64
+	Kernel float64
+	// Steal is the machine's CPU time the hypervisor gave to something else
+	// (not in Machine); DAMON the kernel's DAMON monitors' (in Machine; -1
+	// when none runs).
+	Steal, DAMON       float64
 	Goroutines         float64
 	SchedP50, SchedP99 time.Duration
 	// ServiceSchedP99 is the bucket of the service's
@@ -457,6 +461,8 @@ func (r *Report) cpuSummary(p *phase) CPUSummary {
 		Phase:           stage,
 		Machine:         mean(func(s Sample) float64 { return s.MachineCPU }),
 		Kernel:          mean(func(s Sample) float64 { return s.KernelCPU }),
+		Steal:           mean(func(s Sample) float64 { return s.StealCPU }),
+		DAMON:           mean(func(s Sample) float64 { return s.DAMONCPU }),
 		Process:         mean(func(s Sample) float64 { return s.ProcessCPU }),
 		Redis:           mean(func(s Sample) float64 { return s.RedisCPU }),
 		Postgres:        mean(func(s Sample) float64 { return s.PostgresCPU }),

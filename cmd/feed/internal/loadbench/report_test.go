@@ -33,7 +33,7 @@ func reportWith(n int, sample func(i int) Sample) *Report {
 
 func knownSample(i int) Sample {
 	return Sample{
-		MachineCPU: 4, KernelCPU: 1, ProcessCPU: 1.5, RedisCPU: 0.5, PostgresCPU: 0.75, NATSCPU: 0.25, BenchCPU: 0.5,
+		MachineCPU: 4, KernelCPU: 1, StealCPU: 0.1, DAMONCPU: 0.25, ProcessCPU: 1.5, RedisCPU: 0.5, PostgresCPU: 0.75, NATSCPU: 0.25, BenchCPU: 0.5,
 		RedisMemory: 10 << 20, PostgresSize: 20 << 20, Heap: 30 << 20, NATSMemory: int64(40+i) << 20, Goroutines: 100,
 		HeapLive: 8 << 20, RSS: 50 << 20,
 	}
@@ -43,7 +43,7 @@ func cpuRow(t *testing.T, md, phase string) []string {
 	t.Helper()
 	_, table, _ := strings.Cut(md, "| phase | machine |")
 	for line := range strings.SplitSeq(table, "\n") {
-		if cells := strings.Split(line, " | "); strings.HasPrefix(line, "| "+phase+" | ") && len(cells) == 13 {
+		if cells := strings.Split(line, " | "); strings.HasPrefix(line, "| "+phase+" | ") && len(cells) == 15 {
 			return cells
 		}
 	}
@@ -75,19 +75,20 @@ func TestReportShowsTheNATSProcess(t *testing.T) {
 	var b bytes.Buffer
 	require.NoError(t, r.WriteMarkdown(&b))
 	md := b.String()
-	assert.Contains(t, md, "| feed process | Redis | Postgres | NATS | bench | anything else |")
+	assert.Contains(t, md, "| stolen | DAMON | feed process | Redis | Postgres | NATS | bench | anything else |")
 	assert.Contains(t, md, "| NATS server resident memory | 40.5 MiB | 46.5 MiB |")
 	assert.Contains(t, md, "`feed nats`")
 	row := cpuRow(t, md, "mixed")
-	assert.Equal(t, []string{"4.00", "1.00", "1.50", "0.50", "0.75", "0.25", "0.50", "0.50"}, row[1:9],
-		"anything else is the machine less the feed process, Redis, Postgres, NATS and the bench")
+	assert.Equal(t, []string{"4.00", "1.00", "0.10", "0.25", "1.50", "0.50", "0.75", "0.25", "0.50", "0.25"}, row[1:11],
+		"anything else is the machine less the feed process, Redis, Postgres, NATS, the bench and DAMON; steal is apart")
 }
 
 func TestReportWithoutTheNATSProcess(t *testing.T) {
-	// An external NATS_URL: NATS is unknown and stays in anything else.
+	// An external NATS_URL: NATS is unknown and stays in anything else. (And
+	// no DAMON monitor runs.)
 	r := reportWith(8, func(i int) Sample {
 		s := knownSample(i)
-		s.NATSCPU, s.NATSMemory = -1, -1
+		s.NATSCPU, s.NATSMemory, s.DAMONCPU = -1, -1, -1
 		return s
 	})
 	s := r.Summary()
@@ -99,7 +100,8 @@ func TestReportWithoutTheNATSProcess(t *testing.T) {
 	md := b.String()
 	assert.Contains(t, md, "| NATS server resident memory | unknown | unknown | unknown |")
 	row := cpuRow(t, md, "mixed")
-	assert.Equal(t, []string{"unknown", "0.50", "0.75"}, row[6:9])
+	assert.Equal(t, "none", row[4], "no DAMON monitor")
+	assert.Equal(t, []string{"unknown", "0.50", "0.75"}, row[8:11])
 }
 
 func TestChartDrawsTheNATSMemory(t *testing.T) {
@@ -245,7 +247,7 @@ func TestCPUShowsTheServicesRunQueueWait(t *testing.T) {
 	assert.Equal(t, "≤ 10.5 ms", s.CPU[0].ServiceSchedP99, "990 of the phase's 1 000 waits are within 10.5 ms")
 	var b bytes.Buffer
 	require.NoError(t, r.WriteMarkdown(&b))
-	assert.Equal(t, "≤ 10.5 ms |", cpuRow(t, b.String(), "mixed")[12])
+	assert.Equal(t, "≤ 10.5 ms |", cpuRow(t, b.String(), "mixed")[14])
 }
 
 // TestMachineNotesNameTheDAMONMonitorsThatAreOn: a monitor that is on is

@@ -2,6 +2,7 @@ package loadbench
 
 import (
 	"context"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -38,6 +39,11 @@ type Sample struct {
 	BenchCPU float64
 	// KernelCPU is the part of MachineCPU spent in the kernel (-1 unknown).
 	KernelCPU float64
+	// StealCPU is the time the hypervisor ran something else while the
+	// machine had work (/proc/stat's steal, not in MachineCPU); DAMONCPU is
+	// the kernel's DAMON monitors' threads (kdamond, part of MachineCPU).
+	// -1 unknown, and DAMONCPU when no monitor runs.
+	StealCPU, DAMONCPU float64
 	// RedisMemory (used_memory), PostgresSize (the database), Heap (the
 	// service's Go heap in use), HeapLive (what its last collection found
 	// live), RSS (its resident set) and NATSMemory (the NATS server's resident
@@ -48,13 +54,14 @@ type Sample struct {
 }
 
 // OtherCPU is the machine's CPU that none of the processes the bench
-// observes used (-1 unknown): work the run shared the machine with. NATS and
-// the bench are subtracted when known (else they are part of it).
+// observes used (-1 unknown): work the run shared the machine with. NATS, the
+// bench and DAMON's threads are subtracted when known (else they are part of
+// it).
 func (s Sample) OtherCPU() float64 {
 	if s.MachineCPU < 0 || s.ProcessCPU < 0 || s.RedisCPU < 0 || s.PostgresCPU < 0 {
 		return -1
 	}
-	return max(0, s.MachineCPU-s.ProcessCPU-s.RedisCPU-s.PostgresCPU-max(0, s.NATSCPU)-max(0, s.BenchCPU))
+	return max(0, s.MachineCPU-s.ProcessCPU-s.RedisCPU-s.PostgresCPU-max(0, s.NATSCPU)-max(0, s.BenchCPU)-max(0, s.DAMONCPU))
 }
 
 // sampler takes a Sample every second until stopped.
@@ -85,12 +92,12 @@ func (s *sampler) stop() []Sample {
 
 // prevState is what the next sample's rates are computed from.
 type prevState struct {
-	at                           time.Time
-	commands, reads              int64
-	readModel, applied           float64
-	haveProjectorCounts          bool
-	fanoutSeq                    uint64
-	cpuBusy, cpuKernel, cpuTotal uint64
+	at                  time.Time
+	commands, reads     int64
+	readModel, applied  float64
+	haveProjectorCounts bool
+	fanoutSeq           uint64
+	machine             cpuTicks
 	// Cumulative CPU times by probe, as last read.
 	cpu map[string]time.Duration
 }
@@ -128,19 +135,24 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 		Reads:       float64(next.reads-prev.reads) / secs,
 		RedisMemory: -1, PostgresSize: -1, Heap: -1, HeapLive: -1, RSS: -1, NATSMemory: -1, Goroutines: -1,
 		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1, NATSCPU: -1, KernelCPU: -1, BenchCPU: -1,
+		StealCPU: -1, DAMONCPU: -1,
 	}
 	if !s.r.target.InProcess {
 		if v, err := selfCPU(); err == nil {
 			smp.BenchCPU = cpuRate("bench", v, prev, &next, secs)
 		}
 	}
-	if busy, kernel, total, err := machineCPU(); err == nil {
-		next.cpuBusy, next.cpuKernel, next.cpuTotal = busy, kernel, total
-		if prev.cpuTotal > 0 && total > prev.cpuTotal {
-			cores := float64(runtime.NumCPU()) / float64(total-prev.cpuTotal)
-			smp.MachineCPU = cores * float64(busy-prev.cpuBusy)
-			smp.KernelCPU = cores * float64(kernel-prev.cpuKernel)
+	if t, err := machineCPU(); err == nil {
+		next.machine = t
+		if p := prev.machine; p.total > 0 && t.total > p.total {
+			cores := float64(runtime.NumCPU()) / float64(t.total-p.total)
+			smp.MachineCPU = cores * float64(t.busy-p.busy)
+			smp.KernelCPU = cores * float64(t.kernel-p.kernel)
+			smp.StealCPU = cores * float64(t.steal-p.steal)
 		}
+	}
+	if v, ok := kdamondCPU(os.DirFS("/")); ok {
+		smp.DAMONCPU = cpuRate("damon", v, prev, &next, secs)
 	}
 	m, _ := s.r.api.metrics(ctx) // a failed scrape leaves the figures unknown
 	if m != nil {
