@@ -94,9 +94,11 @@ func (r *Report) panel(title, unit string, lines []series) (*plot.Plot, error) {
 	p.X.Label.Text = "seconds since the stack was ready"
 	p.Y.Label.Text = unit
 	p.Y.Min = 0
-	// The legend sits top right, below the row of step names.
+	// The legend sits at the top, below the first row of step names, and
+	// left of the names of the run's last steps.
 	p.Legend.Top = true
 	p.Legend.YOffs = -vg.Points(14)
+	p.Legend.XOffs = -vg.Inch
 	p.Add(plotter.NewGrid())
 	top := 1.0
 	for _, l := range lines {
@@ -146,11 +148,10 @@ func (r *Report) markStages(p *plot.Plot, top float64) error {
 		line.Color = grey
 		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		p.Add(line)
-		// Every other name a line lower, so that close steps stay legible.
-		y := top
-		if len(labels.XYs)%2 == 1 {
-			y = top * 0.92
-		}
+		// Names on three rows in turn, so that the short steps at a run's
+		// start and end (raw limits, graph, warm-up; drain, reads) stay
+		// legible.
+		y := top * (1 - 0.08*float64(len(labels.XYs)%3))
 		labels.XYs = append(labels.XYs, plotter.XY{X: x, Y: y})
 		labels.Labels = append(labels.Labels, " "+s.Stage)
 	}
