@@ -135,6 +135,11 @@ func isLag(title string) bool { return title == "Projector lag" }
 func (r *Report) markStages(p *plot.Plot, top float64) error {
 	var labels plotter.XYLabels
 	prev := ""
+	var rows labelRows
+	if n := len(r.Samples); n > 0 {
+		// A name takes about a ninth of the chart's width.
+		rows.width = r.Samples[n-1].At.Seconds() / 9
+	}
 	for _, s := range r.Samples {
 		if s.Stage == prev {
 			continue
@@ -148,10 +153,11 @@ func (r *Report) markStages(p *plot.Plot, top float64) error {
 		line.Color = grey
 		line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		p.Add(line)
-		// Names on three rows in turn, so that the short steps at a run's
-		// start and end (raw limits, graph, warm-up; drain, reads) stay
-		// legible.
-		y := top * (1 - 0.08*float64(len(labels.XYs)%3))
+		// Each name on the highest row whose last name is far enough to the
+		// left, so that the short steps at a run's start (raw limits, graph,
+		// materialise, warm-up) and end (drain, reads) stay legible.
+		row := rows.place(x)
+		y := top * (1 - 0.08*float64(row))
 		labels.XYs = append(labels.XYs, plotter.XY{X: x, Y: y})
 		labels.Labels = append(labels.Labels, " "+s.Stage)
 	}
@@ -164,6 +170,33 @@ func (r *Report) markStages(p *plot.Plot, top float64) error {
 	}
 	p.Add(l)
 	return nil
+}
+
+// labelRows places the names of the run's steps on rows: each on the
+// highest row where it clears the last name by width, else on the row whose
+// last name is furthest left.
+type labelRows struct {
+	width float64
+	last  []float64 // the x of each row's last name
+}
+
+func (l *labelRows) place(x float64) int {
+	best := -1
+	for i, at := range l.last {
+		if x-at >= l.width {
+			l.last[i] = x
+			return i
+		}
+		if best < 0 || at < l.last[best] {
+			best = i
+		}
+	}
+	if len(l.last) < 4 {
+		l.last = append(l.last, x)
+		return len(l.last) - 1
+	}
+	l.last[best] = x
+	return best
 }
 
 // plannerLag is the planner's lag, or -1 (left out) when unknown.

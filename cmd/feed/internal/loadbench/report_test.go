@@ -112,6 +112,22 @@ func TestChartDrawsTheNATSMemory(t *testing.T) {
 
 // TestMemoryTargetReadsTheLiveHeapAndTheResidentSet: the heap in use swings
 // with GOGC and does not decide; the live heap and the resident set each do.
+// TestStepNamesClearEachOther: the short steps at a run's start take a row
+// each, and a name far enough from the last on the top row goes back to it.
+func TestStepNamesClearEachOther(t *testing.T) {
+	rows := labelRows{width: 62}
+	var got []int
+	for _, x := range []float64{0, 2, 9, 10, 250, 550, 551} { // raw limits, graph, materialise, warm-up, mixed, drain, reads
+		got = append(got, rows.place(x))
+	}
+	assert.Equal(t, []int{0, 1, 2, 3, 0, 0, 1}, got)
+	rows = labelRows{width: 62}
+	for range 5 {
+		rows.place(0)
+	}
+	assert.Len(t, rows.last, 4, "at most four rows; a fifth name shares the row whose last name is furthest left")
+}
+
 func TestMemoryTargetReadsTheLiveHeapAndTheResidentSet(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
