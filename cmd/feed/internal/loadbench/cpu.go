@@ -87,16 +87,12 @@ func kdamondCPU(root fs.FS) (d time.Duration, ok bool) {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
-		comm, err := fs.ReadFile(root, path.Join("proc", e.Name(), "comm"))
-		if err != nil || !strings.HasPrefix(string(comm), "kdamond") {
-			continue
-		}
 		stat, err := fs.ReadFile(root, path.Join("proc", e.Name(), "stat"))
 		if err != nil {
 			continue // gone meanwhile
 		}
 		p, err := parseStat(string(stat))
-		if err != nil {
+		if err != nil || !strings.HasPrefix(p.comm, "kdamond") {
 			continue
 		}
 		d += time.Duration(p.utime+p.stime) * time.Second / clockTicks
@@ -164,6 +160,7 @@ func isPostmaster(cmdline []string, port string) bool {
 // proc is what the bench reads of one process.
 type proc struct {
 	pid, ppid                    int
+	comm                         string // the name in /proc/<pid>/stat
 	utime, stime, cutime, cstime uint64
 	cmdline                      []string
 }
@@ -211,7 +208,7 @@ func parseStat(stat string) (proc, error) {
 	if len(f) < 15 {
 		return proc{}, fmt.Errorf("process stat %q: too few fields", stat)
 	}
-	p := proc{pid: pid}
+	p := proc{pid: pid, comm: stat[open+1 : closing]}
 	if p.ppid, err = strconv.Atoi(f[1]); err != nil {
 		return proc{}, fmt.Errorf("process stat: ppid: %w", err)
 	}

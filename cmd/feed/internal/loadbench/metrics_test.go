@@ -120,21 +120,18 @@ func TestKdamondCPUSumsTheMonitorsThreads(t *testing.T) {
 		return &fstest.MapFile{Data: fmt.Appendf(nil, "%s (%s) S 2 0 0 0 -1 2129984 0 0 0 0 %d %d 0 0 20 0 1 0 100 0 0", pid, comm, utime, stime)}
 	}
 	root := fstest.MapFS{
-		"proc/77/comm":   {Data: []byte("kdamond.0\n")},
 		"proc/77/stat":   stat("77", "kdamond.0", 0, 1500),
-		"proc/78/comm":   {Data: []byte("kdamond.1\n")},
 		"proc/78/stat":   stat("78", "kdamond.1", 20, 30),
-		"proc/500/comm":  {Data: []byte("redis-server\n")},
 		"proc/500/stat":  stat("500", "redis-server", 9000, 9000),
-		"proc/self/comm": {Data: []byte("kdamond.9\n")},
+		"proc/self/stat": stat("9", "kdamond.9", 100, 100),
 		"proc/stat":      {Data: []byte("cpu  1 2 3 4\n")},
 	}
 	d, ok := kdamondCPU(root)
 	require.True(t, ok)
 	assert.Equal(t, 15500*time.Millisecond, d, "1 500 + 50 ticks of 10 ms")
 
-	delete(root, "proc/77/comm")
-	delete(root, "proc/78/comm")
+	delete(root, "proc/77/stat")
+	delete(root, "proc/78/stat")
 	_, ok = kdamondCPU(root)
 	assert.False(t, ok, "no monitor runs")
 }
@@ -144,6 +141,7 @@ func TestParseStat(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 4242, p.pid)
 	assert.Equal(t, 4200, p.ppid)
+	assert.Equal(t, "postgres: feed (x) idle", p.comm, "the name, parentheses and all")
 	assert.Equal(t, []uint64{17, 5, 3, 2}, []uint64{p.utime, p.stime, p.cutime, p.cstime})
 	_, err = parseStat("4242 postgres S 1")
 	assert.Error(t, err)
