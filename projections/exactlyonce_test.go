@@ -432,8 +432,8 @@ func TestNoEventSkippedWhenTheProjectorsConnectionIsCut(t *testing.T) {
 		select {
 		case <-proxy.CutOnNext([]byte(marker)):
 			t.Logf("cut %d: on %q; %s", k+1, marker, rig.positions())
-		case <-time.After(time.Second):
-			t.Logf("cut %d: no %q for a second, cut %d connections; %s", k+1, marker, proxy.CutAll(), rig.positions())
+		case <-time.After(500 * time.Millisecond):
+			t.Logf("cut %d: no %q for half a second, cut %d connections; %s", k+1, marker, proxy.CutAll(), rig.positions())
 		}
 	}
 	stopLoad()
