@@ -218,6 +218,7 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) settled {
 			feedsAt = pos
 		}
 	}
+	t.Logf("settled in %s", since(deadline.Add(-timeout)))
 	return settled{planner: true, feeds: true}
 }
 
@@ -465,7 +466,7 @@ func TestNoEventSkippedWhenTheProjectorsNodeOrTheLeaderIsKilled(t *testing.T) {
 		c.WaitForStreamCurrent(victim, "FEED_EVENTS", 20*time.Second)
 	}
 	stopLoad()
-	rig.check(t, rig.settle(t, 15*time.Second))
+	rig.check(t, rig.settle(t, 20*time.Second))
 }
 
 // TestNoEventSkippedWhenTheProjectorsConnectionIsCut is the test above on one
@@ -497,5 +498,5 @@ func TestNoEventSkippedWhenTheProjectorsConnectionIsCut(t *testing.T) {
 		}
 	}
 	stopLoad()
-	rig.check(t, rig.settle(t, 15*time.Second))
+	rig.check(t, rig.settle(t, 20*time.Second))
 }
