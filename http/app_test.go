@@ -97,6 +97,12 @@ func (r response) errorCode() string {
 	return code
 }
 
+func (r response) errorMessage() string {
+	e, _ := r.body["error"].(map[string]any)
+	msg, _ := e["message"].(string)
+	return msg
+}
+
 // do sends req through the app (no network) and decodes a JSON answer.
 func (a *testApp) do(t *testing.T, req *http.Request) response {
 	t.Helper()

@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"mime"
 	"mime/multipart"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -103,10 +104,44 @@ func (h *commands) appendEvent(ctx context.Context, id string, ev events.Event, 
 	if err != nil {
 		return 0, nil, fmt.Errorf("load the first answer of a retried command: %w", err)
 	}
-	if first.Event == nil || first.Type != ev.Type() {
-		return 0, nil, fmt.Errorf("this Idempotency-Key was already used for a different command (%s): %w", first.Type, domain.ErrConflict)
+	if err := sameCommand(first, ev); err != nil {
+		return 0, nil, err
 	}
 	return first.Seq, first.Event, nil
+}
+
+// errKeyReused is a retry whose command differs from the first one sent
+// under its Idempotency-Key.
+var errKeyReused = fmt.Errorf("this Idempotency-Key was already used for a different command or body; "+
+	"use a new key for a new command: %w", domain.ErrConflict)
+
+// sameCommand fails with errKeyReused unless first, appended under a
+// command's event id, is the event the command would append now: the same
+// type and content, but for what the service generates (ids and times).
+func sameCommand(first events.Record, ev events.Event) error {
+	if first.Event == nil || first.Type != ev.Type() || !reflect.DeepEqual(intent(first.Event), intent(ev)) {
+		return errKeyReused
+	}
+	return nil
+}
+
+// intent is ev without what the service generates for it.
+func intent(ev events.Event) events.Event {
+	switch e := ev.(type) {
+	case events.PostCreated:
+		e.PostID, e.CreatedAt = 0, time.Time{}
+		return e
+	case events.PostEdited:
+		e.EditedAt = time.Time{}
+		return e
+	case events.PostDeleted:
+		e.DeletedAt = time.Time{}
+		return e
+	case events.CommentAdded:
+		e.CommentID, e.CreatedAt = 0, time.Time{}
+		return e
+	}
+	return ev
 }
 
 // accepted writes the 202 answer for the event at seq.
@@ -326,15 +361,20 @@ func readJSON(c *fiber.Ctx, v any) error {
 }
 
 // livePost returns the newest event of a post that exists and is not deleted,
-// with its owner, from the post's own events in the log.
-func (h *commands) livePost(ctx context.Context, id domain.PostID) (events.Record, domain.UserID, error) {
+// with its owner, from the post's own events in the log, as the stream's
+// leader has them if fromLeader.
+func (h *commands) livePost(ctx context.Context, id domain.PostID, fromLeader bool) (events.Record, domain.UserID, error) {
 	ctx, cancel := context.WithTimeout(ctx, logTimeout)
 	defer cancel()
 	subject := events.PostSubjectAnyOwner(id)
 	if owner, ok := h.owners.Get(id); ok {
 		subject = events.Subject(owner, events.KindPost, int64(id))
 	}
-	last, err := h.log.Last(ctx, subject)
+	read := h.log.Last
+	if fromLeader {
+		read = h.log.LeaderLast
+	}
+	last, err := read(ctx, subject)
 	if err != nil {
 		if errors.Is(err, domain.ErrNotFound) {
 			return events.Record{}, 0, fmt.Errorf("post %d: %w", id, domain.ErrNotFound)
@@ -385,10 +425,15 @@ func (h *commands) changePost(c *fiber.Ctx, change func(owner domain.UserID, id 
 			// Spread the losers of a race out so one of them wins the next round.
 			time.Sleep(time.Duration(rand.Int64N(int64(attempt) * int64(time.Millisecond))))
 		}
-		last, owner, err := h.livePost(ctx, id)
+		// A lost race is decided again from the leader's state: a replica
+		// that lags would lose it again.
+		last, owner, err := h.livePost(ctx, id, attempt > 0)
 		// The log checks the expected sequence before the dedup id, so a retry of
 		// a change that was appended is recognised here, by its id.
 		if idempotent && last.ID == evID && (err == nil || errors.Is(err, domain.ErrNotFound)) {
+			if err := sameCommand(last, change(owner, id, h.now())); err != nil {
+				return err
+			}
 			return accepted(c, last.Seq, last.Event)
 		}
 		if err != nil {
@@ -399,7 +444,7 @@ func (h *commands) changePost(c *fiber.Ctx, change func(owner domain.UserID, id 
 		}
 		ev := change(owner, id, h.now())
 		seq, first, err := h.appendEvent(ctx, evID, ev, events.ExpectSubjectSeq(last.Seq))
-		if errors.Is(err, domain.ErrConflict) && !strings.Contains(err.Error(), "Idempotency-Key") {
+		if errors.Is(err, domain.ErrConflict) && !errors.Is(err, errKeyReused) {
 			continue // another change got there first: decide again
 		}
 		if err != nil {
@@ -478,7 +523,7 @@ func (h *commands) likeCommand(c *fiber.Ctx, like bool) error {
 	if err != nil {
 		return err
 	}
-	if _, _, err := h.livePost(c.UserContext(), post); err != nil {
+	if _, _, err := h.livePost(c.UserContext(), post, false); err != nil {
 		return err
 	}
 	var ev events.Event = events.PostLiked{UserID: p.UserID, PostID: post}
@@ -508,7 +553,7 @@ func (h *commands) comment(c *fiber.Ctx) error {
 	if err := domain.ValidateComment(*body.Text); err != nil {
 		return err
 	}
-	if _, _, err := h.livePost(c.UserContext(), post); err != nil {
+	if _, _, err := h.livePost(c.UserContext(), post, false); err != nil {
 		return err
 	}
 	commentID, createdAt := h.ids.Next(h.now())

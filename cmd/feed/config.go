@@ -102,7 +102,7 @@ var variables = []variable{
 	{"FEED_NATS_PORT", "4222", "Loopback client port of the NATS server started when NATS_URL is unset (so the nats CLI connects with no flags); 0 picks a free one."},
 	{"FEED_NATS_SYNC", "always", "That server's JetStream fsync policy: always (acknowledged = on disk) or an interval such as 2m."},
 	{"FEED_STREAM", "FEED_EVENTS", "Name of the event stream."},
-	{"FEED_STREAM_REPLICAS", "1", "Stream replicas (3 on a JetStream cluster)."},
+	{"FEED_STREAM_REPLICAS", "", "Replicas of every stream the service creates (3 on a JetStream cluster); unset keeps an existing stream's and creates new ones with 1. Only serve and dev apply it; tools never change a stream."},
 	{"FEED_DEDUP_WINDOW", "10m", "How long an Idempotency-Key / event id is remembered."},
 	{"FEED_DEV_REDIS_PORT", "16379", "dev: loopback port of the child Redis."},
 	{"FEED_DEV_POSTGRES_PORT", "15432", "dev: loopback port of the child Postgres."},
@@ -138,6 +138,13 @@ func parseConfig(getenv func(string) string) (config, error) {
 		}
 		return n
 	}
+	// optional is 0 for a variable that is unset and has no default.
+	optional := func(parse func(string, int, int) int, name string, lo, hi int) int {
+		if get(name) == "" {
+			return 0
+		}
+		return parse(name, lo, hi)
+	}
 	cfg := config{
 		HTTPAddr:        get("FEED_HTTP_ADDR"),
 		DataDir:         get("FEED_DATA_DIR"),
@@ -152,7 +159,7 @@ func parseConfig(getenv func(string) string) (config, error) {
 		NATSPort:        integer("FEED_NATS_PORT", 0, 65535),
 		NATSSync:        get("FEED_NATS_SYNC"),
 		StreamName:      get("FEED_STREAM"),
-		Replicas:        integer("FEED_STREAM_REPLICAS", 1, 5),
+		Replicas:        optional(integer, "FEED_STREAM_REPLICAS", 1, 5),
 		DedupWindow:     duration("FEED_DEDUP_WINDOW"),
 		DevRedisPort:    integer("FEED_DEV_REDIS_PORT", 0, 65535),
 		DevPGPort:       integer("FEED_DEV_POSTGRES_PORT", 0, 65535),

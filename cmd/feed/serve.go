@@ -189,6 +189,7 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 		Replicas:    cfg.Replicas,
 		DedupWindow: cfg.DedupWindow,
 		MaxBatch:    maxBatch,
+		Logger:      logger,
 	}, events.NewMetrics(reg))
 	if err != nil {
 		return nil, err
@@ -417,8 +418,10 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		appliers *feeds.Applier
 	)
 	if slices.Contains(cfg.Roles, rolePlanner) || slices.Contains(cfg.Roles, roleAppliers) {
-		planner = feeds.NewPlanner(feedStore, in.js, feeds.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions}, projMetrics)
-		if err := planner.EnsureStream(ctx); err != nil {
+		planner = feeds.NewPlanner(feedStore, in.js, feeds.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: in.log.Replicas()}, projMetrics)
+		if err := events.RetryUnavailable(ctx, logger, "create or update stream "+feeds.FanoutStream, func() error {
+			return planner.EnsureStream(ctx)
+		}); err != nil {
 			return err
 		}
 	}

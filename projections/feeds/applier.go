@@ -126,6 +126,7 @@ func (a *Applier) runPartition(ctx context.Context, part int) error {
 			// Stopping: the error, if any, is the shutdown's own.
 			return nil //nolint:nilerr // an error caused by shutdown is not a failure
 		}
+		a.metrics.Rewound(AppliersName, projections.RewindCause(err))
 		a.logger.Warn("applier retries", "partition", part, "err", err, "after", backoff)
 		select {
 		case <-time.After(backoff):
@@ -180,6 +181,10 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 	a.running.Add(1)
 	defer a.running.Add(-1)
 	round := func(d time.Duration) { a.metrics.Staged(AppliersName, "round", d) }
+	// delivered counts the consumer's deliveries: each must be the next, or
+	// one was lost on the way (with a connection or a node) and the work after
+	// it would overtake it; the next start delivers the oldest work again.
+	var delivered uint64
 	for ctx.Err() == nil {
 		asked := time.Now()
 		msg, err := msgs.Next()
@@ -191,6 +196,14 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 		}
 		got := time.Now()
 		a.metrics.Staged(AppliersName, "fetch", got.Sub(asked))
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("work metadata: %w", err)
+		}
+		if meta.Sequence.Consumer != delivered+1 {
+			return fmt.Errorf("%w: work delivery %d came where %d was expected", projections.ErrGap, meta.Sequence.Consumer, delivered+1)
+		}
+		delivered++
 		var items []Item
 		v, err := workVersion(msg)
 		if err == nil {
