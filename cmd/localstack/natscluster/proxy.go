@@ -1,6 +1,7 @@
 package natscluster
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -18,7 +19,14 @@ type Proxy struct {
 	mu     sync.Mutex
 	links  map[*link]struct{}
 	closed bool
+	armed  *trap
 	wg     sync.WaitGroup
+}
+
+// trap is a cut waiting for data from the target that holds marker.
+type trap struct {
+	marker []byte
+	sprung chan struct{}
 }
 
 // link is one proxied connection: the client's side and the target's.
@@ -63,6 +71,13 @@ func (p *Proxy) URL() string { return "nats://" + p.Addr() }
 // CutAll cuts every connection open now and returns how many it cut.
 func (p *Proxy) CutAll() int {
 	p.mu.Lock()
+	p.armed = nil
+	p.mu.Unlock()
+	return p.cutAll()
+}
+
+func (p *Proxy) cutAll() int {
+	p.mu.Lock()
 	links := make([]*link, 0, len(p.links))
 	for l := range p.links {
 		links = append(links, l)
@@ -72,6 +87,35 @@ func (p *Proxy) CutAll() int {
 		l.cut()
 	}
 	return len(links)
+}
+
+// CutOnNext arms the proxy to cut every connection as soon as data from the
+// target holds marker (e.g. "HMSG " for a message delivered to a client):
+// that data is dropped with the connections, as if the network failed while
+// it was on its way. The channel closes when the cut is made; CutAll or
+// another CutOnNext disarms it.
+func (p *Proxy) CutOnNext(marker []byte) <-chan struct{} {
+	t := &trap{marker: marker, sprung: make(chan struct{})}
+	p.mu.Lock()
+	p.armed = t
+	p.mu.Unlock()
+	return t.sprung
+}
+
+// spring cuts every connection if the trap set is still armed and data holds
+// its marker; it reports whether it did.
+func (p *Proxy) spring(data []byte) bool {
+	p.mu.Lock()
+	t := p.armed
+	if t == nil || !bytes.Contains(data, t.marker) {
+		p.mu.Unlock()
+		return false
+	}
+	p.armed = nil
+	p.mu.Unlock()
+	p.cutAll()
+	close(t.sprung)
+	return true
 }
 
 // Close stops accepting, cuts every connection and waits for the forwarding
@@ -111,8 +155,11 @@ func (p *Proxy) accept() {
 		p.links[l] = struct{}{}
 		p.mu.Unlock()
 		var pipes sync.WaitGroup
-		pipes.Go(func() { pipe(l, client, target) })
-		pipes.Go(func() { pipe(l, target, client) })
+		pipes.Go(func() { p.pipe(l, client, target) })
+		pipes.Go(func() {
+			_, _ = io.Copy(target, client)
+			l.cut()
+		})
 		p.wg.Go(func() {
 			pipes.Wait()
 			p.mu.Lock()
@@ -122,9 +169,24 @@ func (p *Proxy) accept() {
 	}
 }
 
-// pipe copies from src to dst until either fails, then cuts the link, so a
-// side that goes away takes the other with it.
-func pipe(l *link, dst, src net.Conn) {
-	_, _ = io.Copy(dst, src)
-	l.cut()
+// pipe copies what the target sends to the client until either side fails,
+// springing an armed trap on the way, then cuts the link, so a side that
+// goes away takes the other with it.
+func (p *Proxy) pipe(l *link, client, target net.Conn) {
+	defer l.cut()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := target.Read(buf)
+		if n > 0 {
+			if p.spring(buf[:n]) {
+				return
+			}
+			if _, err := client.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
