@@ -241,7 +241,11 @@ func TestAuthFailures(t *testing.T) {
 	}
 	for name, h := range headers {
 		for _, route := range routes {
-			req := httptest.NewRequest(route[0], route[1], strings.NewReader(`{}`))
+			var body io.Reader
+			if route[0] == http.MethodPatch || strings.HasSuffix(route[1], "/comments") {
+				body = strings.NewReader(`{}`)
+			}
+			req := httptest.NewRequest(route[0], route[1], body)
 			if h != "" {
 				req.Header.Set("Authorization", h)
 			}
@@ -376,13 +380,13 @@ func TestGraphAndEngagement(t *testing.T) {
 	}
 
 	// Likes and comments need a live post.
-	for _, path := range []string{"/posts/999/like", "/posts/999/comments"} {
-		r := a.command(t, http.MethodPost, path, 404, `{"text":"hi"}`)
+	for path, body := range map[string]string{"/posts/999/like": "", "/posts/999/comments": `{"text":"hi"}`} {
+		r := a.command(t, http.MethodPost, path, 404, body)
 		assert.Equal(t, http.StatusNotFound, r.status, path)
 	}
 	require.Equal(t, http.StatusAccepted, a.command(t, http.MethodDelete, "/posts/"+id, 501, "").status)
-	for _, path := range []string{"/posts/" + id + "/like", "/posts/" + id + "/comments"} {
-		r := a.command(t, http.MethodPost, path, 404, `{"text":"hi"}`)
+	for path, body := range map[string]string{"/posts/" + id + "/like": "", "/posts/" + id + "/comments": `{"text":"hi"}`} {
+		r := a.command(t, http.MethodPost, path, 404, body)
 		assert.Equal(t, http.StatusNotFound, r.status, path+" of a deleted post")
 	}
 }
