@@ -78,12 +78,12 @@ func newTestAppConfig(t *testing.T, cfg Config, checks ...Check) *testApp {
 
 // listen serves the app on a loopback port, for tests that need the wire:
 // streamed and stalled bodies, bytes that are not HTTP.
-func (a *testApp) listen(t *testing.T) string {
-	t.Helper()
+func (a *testApp) listen(tb testing.TB) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	go func() { _ = a.srv.Serve(ln) }()
-	t.Cleanup(func() { _ = a.srv.Shutdown(context.Background()) })
+	tb.Cleanup(func() { _ = a.srv.Shutdown(context.Background()) })
 	return ln.Addr().String()
 }
 
