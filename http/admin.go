@@ -55,7 +55,7 @@ type admin struct {
 func registerAdmin(app *fiber.App, deps Deps) {
 	a := &admin{rebuilds: deps.Rebuilds, now: deps.Now}
 	only := deps.Auth.requireAdmin
-	app.Post("/admin/rebuild/:projector", only, a.startRebuild)
+	app.Post("/admin/rebuild/:projector", noBody, only, a.startRebuild)
 	app.Get("/admin/rebuild/:projector", only, a.rebuildStatus)
 }
 

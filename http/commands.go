@@ -34,6 +34,10 @@ const (
 	// maxPostBody bounds POST /posts: ten images at the limit and the form's own
 	// bytes.
 	maxPostBody = domain.MaxImages*domain.MaxImageBytes + 1<<20
+	// maxPartHead bounds the bytes before a form part's content: its
+	// boundary and headers (a few hundred bytes from any browser), or the
+	// form's preamble.
+	maxPartHead = 64 << 10
 	// maxCaptionBytes is the most bytes a valid caption can take.
 	maxCaptionBytes = domain.MaxCaptionChars * 4
 	// occAttempts bounds the retries of an edit or delete that lost a race.
@@ -216,16 +220,23 @@ func (h *commands) readPostForm(c *fiber.Ctx) (string, []media.Image, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	form := multipart.NewReader(body, params["boundary"])
+	heads := &partHeads{r: body}
+	form := multipart.NewReader(heads, params["boundary"])
 	var (
 		caption    string
 		hasCaption bool
 		images     []media.Image
 	)
 	for {
+		heads.left = maxPartHead
 		part, err := form.NextPart()
+		heads.left = -1
 		if errors.Is(err, io.EOF) {
 			break
+		}
+		if heads.over {
+			return "", nil, fmt.Errorf("the form's preamble or the headers of part %d are over %d bytes: %w",
+				len(images)+1, maxPartHead, domain.ErrTooLarge)
 		}
 		if err != nil {
 			return "", nil, bodyError(body, fmt.Errorf("malformed multipart body: %v: %w", err, domain.ErrInvalid))
@@ -269,8 +280,40 @@ func (h *commands) readPostForm(c *fiber.Ctx) (string, []media.Image, error) {
 	if err := domain.ValidateImageCount(len(images)); err != nil {
 		return "", nil, err
 	}
+	// The epilogue, and a chunked body's last chunk: read to the end, the
+	// connection can carry the next request.
+	if _, err := io.Copy(io.Discard, body); err != nil {
+		return "", nil, bodyError(body, fmt.Errorf("read the end of the form: %v: %w", err, domain.ErrInvalid))
+	}
 	return caption, images, nil
 }
+
+// partHeads bounds what the multipart reader reads while it looks for the
+// next part and reads the part's headers (left >= 0): it holds those in
+// memory, up to 10 MiB a part by its own limit.
+type partHeads struct {
+	r    io.Reader
+	left int64 // -1 while a part's content is read
+	over bool
+}
+
+func (h *partHeads) Read(p []byte) (int, error) {
+	if h.left < 0 {
+		return h.r.Read(p)
+	}
+	if h.left == 0 {
+		h.over = true
+		return 0, errPartHeadTooLarge
+	}
+	if int64(len(p)) > h.left {
+		p = p[:h.left]
+	}
+	n, err := h.r.Read(p)
+	h.left -= int64(n)
+	return n, err
+}
+
+var errPartHeadTooLarge = fmt.Errorf("form part headers too large: %w", domain.ErrTooLarge)
 
 // readErrors remembers the error its reader returned, other than io.EOF, so a
 // failure of the request body can be told from one of the media store.
@@ -285,52 +328,6 @@ func (r *readErrors) Read(p []byte) (int, error) {
 		r.err = err
 	}
 	return n, err
-}
-
-// limitedBody reads a request body, counting, up to a limit.
-type limitedBody struct {
-	r     io.Reader
-	limit int64
-	n     int64
-}
-
-func (b *limitedBody) Read(p []byte) (int, error) {
-	if b.n > b.limit {
-		return 0, errBodyTooLarge
-	}
-	if rest := b.limit + 1 - b.n; int64(len(p)) > rest {
-		p = p[:rest]
-	}
-	n, err := b.r.Read(p)
-	b.n += int64(n)
-	if b.n > b.limit {
-		return n, errBodyTooLarge
-	}
-	return n, err
-}
-
-var errBodyTooLarge = fmt.Errorf("request body too large: %w", domain.ErrTooLarge)
-
-// bodyError reports a body over its limit as such, whatever the parser made of
-// the truncated stream.
-func bodyError(body *limitedBody, err error) error {
-	if body.n > body.limit {
-		return fmt.Errorf("request body is over %d bytes: %w", body.limit, domain.ErrTooLarge)
-	}
-	return err
-}
-
-// requestBody returns the body as a stream of at most limit bytes, refusing at
-// once a body whose declared length is over it.
-func requestBody(c *fiber.Ctx, limit int64) (*limitedBody, error) {
-	if n := c.Request().Header.ContentLength(); n > 0 && int64(n) > limit {
-		return nil, fmt.Errorf("request body of %d bytes is over the %d byte limit: %w", n, limit, domain.ErrTooLarge)
-	}
-	var r io.Reader = bytes.NewReader(c.Request().Body())
-	if stream := c.Context().RequestBodyStream(); stream != nil {
-		r = stream
-	}
-	return &limitedBody{r: r, limit: limit}, nil
 }
 
 // readJSON decodes a small JSON body into v, strictly: unknown fields, trailing

@@ -173,6 +173,10 @@ func TestCreatePostRejectsBadInput(t *testing.T) {
 		{"an unknown field", append(images(img), part{name: "location", data: []byte("x")}), 400, "invalid_input"},
 		{"two captions", append(images(img), part{name: "caption", data: []byte("a")}, part{name: "caption", data: []byte("b")}), 400, "invalid_input"},
 		{"an empty image", images([]byte{}), 400, "invalid_input"},
+		// A header can declare any size in a few bytes; clients would allocate for it.
+		{"a PNG of 20 000 × 20 000 pixels", images(pngWithSize(20_000, 20_000)), 400, "invalid_input"},
+		{"a PNG of 10 001 pixels a side", images(pngWithSize(10_001, 1)), 400, "invalid_input"},
+		{"a PNG of 40 000 001 pixels", images(pngWithSize(10_000, 4_001)), 400, "invalid_input"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,6 +186,11 @@ func TestCreatePostRejectsBadInput(t *testing.T) {
 			assert.NotEmpty(t, r.body["error"].(map[string]any)["message"])
 		})
 	}
+	t.Run("the dimension bound is named", func(t *testing.T) {
+		r := a.createPost(t, 501, images(pngWithSize(20_000, 20_000)))
+		assert.Equal(t, "image 1: image is 20000x20000 pixels; the limit is 10000 a side and 40 megapixels: invalid input",
+			r.body["error"].(map[string]any)["message"])
+	})
 
 	t.Run("not multipart", func(t *testing.T) {
 		r := a.command(t, http.MethodPost, "/posts", 501, `{"caption":"x"}`)
@@ -241,7 +250,11 @@ func TestAuthFailures(t *testing.T) {
 	}
 	for name, h := range headers {
 		for _, route := range routes {
-			req := httptest.NewRequest(route[0], route[1], strings.NewReader(`{}`))
+			var body io.Reader
+			if route[0] == http.MethodPatch || strings.HasSuffix(route[1], "/comments") {
+				body = strings.NewReader(`{}`)
+			}
+			req := httptest.NewRequest(route[0], route[1], body)
 			if h != "" {
 				req.Header.Set("Authorization", h)
 			}
@@ -376,13 +389,13 @@ func TestGraphAndEngagement(t *testing.T) {
 	}
 
 	// Likes and comments need a live post.
-	for _, path := range []string{"/posts/999/like", "/posts/999/comments"} {
-		r := a.command(t, http.MethodPost, path, 404, `{"text":"hi"}`)
+	for path, body := range map[string]string{"/posts/999/like": "", "/posts/999/comments": `{"text":"hi"}`} {
+		r := a.command(t, http.MethodPost, path, 404, body)
 		assert.Equal(t, http.StatusNotFound, r.status, path)
 	}
 	require.Equal(t, http.StatusAccepted, a.command(t, http.MethodDelete, "/posts/"+id, 501, "").status)
-	for _, path := range []string{"/posts/" + id + "/like", "/posts/" + id + "/comments"} {
-		r := a.command(t, http.MethodPost, path, 404, `{"text":"hi"}`)
+	for path, body := range map[string]string{"/posts/" + id + "/like": "", "/posts/" + id + "/comments": `{"text":"hi"}`} {
+		r := a.command(t, http.MethodPost, path, 404, body)
 		assert.Equal(t, http.StatusNotFound, r.status, path+" of a deleted post")
 	}
 }

@@ -48,9 +48,9 @@ func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 	unavailable := newSampledLog()
 	return func(c *fiber.Ctx, err error) error {
 		status, code, message := classify(err)
-		if c.Request().Header.ContentLength() != 0 {
-			// The body may be unread (refused early, or streamed and abandoned):
-			// its bytes must not be taken for the next request on this connection.
+		if status == fiber.StatusRequestTimeout {
+			// The request did not arrive whole: nothing more on this
+			// connection can be read as a request.
 			c.Context().SetConnectionClose()
 		}
 		if status == fiber.StatusInternalServerError {

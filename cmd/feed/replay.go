@@ -213,7 +213,9 @@ func replay(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
-	b, closeAll, err := connectRebuilder(ctx, cfg, newLogger(cfg, stderr))
+	logger := newLogger(cfg, stderr)
+	logRedisThrough(logger)
+	b, closeAll, err := connectRebuilder(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}

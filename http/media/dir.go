@@ -188,9 +188,9 @@ func inspect(f io.ReaderAt, n int64) (format, image.Config, error) {
 		return format{}, image.Config{}, fmt.Errorf("%s image is %dx%d pixels, which is empty: %w",
 			fm.name, cfg.Width, cfg.Height, domain.ErrUnsupportedMedia)
 	}
-	if cfg.Width > MaxSide || cfg.Height > MaxSide {
-		return format{}, image.Config{}, fmt.Errorf("image is %dx%d pixels; neither side may exceed %d: %w",
-			cfg.Width, cfg.Height, MaxSide, domain.ErrInvalid)
+	if cfg.Width > MaxSide || cfg.Height > MaxSide || int64(cfg.Width)*int64(cfg.Height) > MaxPixels {
+		return format{}, image.Config{}, fmt.Errorf("image is %dx%d pixels; the limit is %d a side and %d megapixels: %w",
+			cfg.Width, cfg.Height, MaxSide, MaxPixels/1_000_000, domain.ErrInvalid)
 	}
 	return fm, cfg, nil
 }

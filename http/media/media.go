@@ -49,9 +49,15 @@ type Store interface {
 	Sync(ctx context.Context) error
 }
 
-// MaxSide is the largest width or height, in pixels, an image may declare.
-// Headers can claim any size; this bounds what clients that decode them allocate.
-const MaxSide = 20000
+// The largest image accepted, by what its header declares: a header can
+// claim any size in a few bytes, and every client that shows the image
+// allocates for its pixels (40 megapixels are 160 MB decoded).
+const (
+	// MaxSide is the largest width or height, in pixels.
+	MaxSide = 10_000
+	// MaxPixels is the largest width × height.
+	MaxPixels = 40_000_000
+)
 
 // format is one accepted image type. The decoders are called directly rather
 // than through image.DecodeConfig so that formats other packages register

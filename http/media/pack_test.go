@@ -134,6 +134,7 @@ func TestPackRejectsAndKeepsNothing(t *testing.T) {
 		{strings.NewReader("hello"), limit, domain.ErrUnsupportedMedia},
 		{bytes.NewReader(nil), limit, domain.ErrInvalid},
 		{bytes.NewReader(pngBytes(t, media.MaxSide+1, 1)), limit, domain.ErrInvalid},
+		{bytes.NewReader(gifScreen(7000, 7000)), limit, domain.ErrInvalid},
 		{bytes.NewReader(noisyPNG(t, 400, 2)), 300 << 10, domain.ErrTooLarge}, // through a file
 		{&countingReader{r: endless{}}, limit, domain.ErrTooLarge},
 	} {
