@@ -67,11 +67,27 @@ func guardBodies(c *fiber.Ctx) error {
 	return err
 }
 
-// noBody is the first handler of a route that takes no body whose method
-// could carry one.
+// maxIgnoredBody is the most a POST that takes no body may carry anyway:
+// clients that send every POST with a body (an empty JSON object) keep
+// working; more is refused.
+const maxIgnoredBody = 1 << 10
+
+// noBody is the first handler of a POST route that takes no body: what comes
+// with it anyway is read, up to maxIgnoredBody, and ignored.
 func noBody(c *fiber.Ctx) error {
-	if hasBody(&c.Request().Header) {
-		return refuseBody(c)
+	if !hasBody(&c.Request().Header) {
+		return c.Next()
+	}
+	body, err := requestBody(c, maxIgnoredBody)
+	if err == nil {
+		_, err = io.Copy(io.Discard, body)
+		err = bodyError(body, err)
+	}
+	if errors.Is(err, domain.ErrTooLarge) {
+		return fmt.Errorf("%s %s takes no request body (at most %d bytes are ignored): %w", c.Method(), c.Path(), maxIgnoredBody, domain.ErrTooLarge)
+	}
+	if err != nil {
+		return err
 	}
 	return c.Next()
 }

@@ -149,8 +149,8 @@ const socketSlack = 16 << 20
 // TestOversizedBodiesAreRefusedAtTheLimit: bodies over a route's bound, chunked
 // or declared, get 413 with the contract's error body as soon as the bound is
 // passed (declared: from the headers alone), and the connection is closed.
-// Routes that take no body refuse any; the 512 MiB each client would send
-// are never read.
+// Routes that take no body refuse any (a POST ignores up to maxIgnoredBody);
+// the 512 MiB each client would send are never read.
 func TestOversizedBodiesAreRefusedAtTheLimit(t *testing.T) {
 	a := newTestApp(t)
 	addr := a.listen(t)
@@ -176,8 +176,8 @@ func TestOversizedBodiesAreRefusedAtTheLimit(t *testing.T) {
 		{"edit, chunked", wireRequest{method: "PATCH", path: "/posts/1", header: []string{user, jsonCT}, declared: -1, prefix: []byte(`{"caption":"`)}, maxJSONBody, 0},
 		{"edit, declared", wireRequest{method: "PATCH", path: "/posts/1", header: []string{user, jsonCT}, declared: maxJSONBody + 1}, 0, 0},
 		{"comment, chunked", wireRequest{method: "POST", path: "/posts/1/comments", header: []string{user, jsonCT}, declared: -1, prefix: []byte(`{"text":"`)}, maxJSONBody, 0},
-		{"follow, chunked", wireRequest{method: "POST", path: "/users/2/follow", header: []string{user}, declared: -1}, 0, 0},
-		{"like, declared", wireRequest{method: "POST", path: "/posts/1/like", header: []string{user}, declared: 2}, 0, 0},
+		{"follow, chunked", wireRequest{method: "POST", path: "/users/2/follow", header: []string{user}, declared: -1}, maxIgnoredBody, 0},
+		{"like, declared", wireRequest{method: "POST", path: "/posts/1/like", header: []string{user}, declared: maxIgnoredBody + 1}, 0, 0},
 		{"delete, chunked", wireRequest{method: "DELETE", path: "/posts/1", header: []string{user}, declared: -1}, 0, 0},
 		{"read, chunked", wireRequest{method: "GET", path: "/posts/1", declared: -1}, 0, 0},
 		{"read, declared", wireRequest{method: "GET", path: "/users/1/followers", declared: endless}, 0, 0},
@@ -186,7 +186,7 @@ func TestOversizedBodiesAreRefusedAtTheLimit(t *testing.T) {
 		{"metrics, declared", wireRequest{method: "GET", path: "/metrics", declared: endless}, 0, 0},
 		{"health, chunked", wireRequest{method: "GET", path: "/healthz", declared: -1}, 0, 0},
 		{"openapi, declared", wireRequest{method: "GET", path: "/openapi.yaml", declared: 1}, 0, 0},
-		{"admin rebuild, chunked", wireRequest{method: "POST", path: "/admin/rebuild/all", header: []string{admin}, declared: -1}, 0, 0},
+		{"admin rebuild, chunked", wireRequest{method: "POST", path: "/admin/rebuild/all", header: []string{admin}, declared: -1}, maxIgnoredBody, 0},
 		{"admin status, chunked", wireRequest{method: "GET", path: "/admin/rebuild/all", header: []string{admin}, declared: -1}, 0, 0},
 		{"unknown route, chunked", wireRequest{method: "POST", path: "/no/such/route", declared: -1}, 0, http.StatusNotFound},
 	} {
@@ -215,11 +215,21 @@ func TestOversizedBodiesAreRefusedAtTheLimit(t *testing.T) {
 // method, refuses one with 413 from the headers, before authentication.
 func TestBodylessRoutesTakeNoBody(t *testing.T) {
 	a := newTestApp(t)
-	for _, route := range []string{"GET /healthz", "GET /metrics", "DELETE /posts/1", "POST /users/2/follow", "POST /posts/1/like", "POST /admin/rebuild/all"} {
+	for _, route := range []string{"GET /healthz", "GET /metrics", "DELETE /posts/1"} {
 		method, path, _ := strings.Cut(route, " ")
 		r := a.command(t, method, path, 0, `{}`)
 		assert.Equal(t, http.StatusRequestEntityTooLarge, r.status, route)
 		assert.Equal(t, "too_large", r.errorCode(), route)
+		assert.Contains(t, r.body["error"].(map[string]any)["message"], "takes no request body", route)
+	}
+	// A POST that takes no body ignores a small one (clients that send an
+	// empty JSON object with every POST) and refuses more.
+	r := a.command(t, http.MethodPost, "/users/2/follow", 501, `{}`)
+	assert.Equal(t, http.StatusAccepted, r.status, "%s", r.raw)
+	for _, route := range []string{"POST /users/2/follow", "POST /posts/1/like", "POST /admin/rebuild/all"} {
+		method, path, _ := strings.Cut(route, " ")
+		r := a.command(t, method, path, 501, `{"pad":"`+strings.Repeat("x", maxIgnoredBody)+`"}`)
+		assert.Equal(t, http.StatusRequestEntityTooLarge, r.status, route)
 		assert.Contains(t, r.body["error"].(map[string]any)["message"], "takes no request body", route)
 	}
 }
