@@ -372,9 +372,9 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	// media directory.
 	api := slices.Contains(cfg.Roles, roleAPI)
 	var store media.Store
+	var pack *media.Pack
 	if api {
-		pack, err := media.NewPack(filepath.Join(cfg.DataDir, "media"))
-		if err != nil {
+		if pack, err = media.NewPack(filepath.Join(cfg.DataDir, "media")); err != nil {
 			return err
 		}
 		defer func() { _ = pack.Close() }()
@@ -468,6 +468,11 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	// shadows to resume; they are waited for before the connections close.
 	rebuilds := newRebuilder(ctx, cfg, in.log, in.databaseURL, in.redis, in.js, logger)
 	defer rebuilds.wait()
+	var collector *media.Collector
+	if api {
+		collector = media.NewCollector(pack, in.log, readStore,
+			media.CollectorConfig{Grace: cfg.MediaGrace, Interval: cfg.MediaCollectInterval}, logger)
+	}
 	deps := feedhttp.Deps{
 		Logger:     logger,
 		Registerer: reg,
@@ -481,6 +486,9 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		FeedCache:  feedCache,
 		FeedModel:  readStore,
 		Rebuilds:   rebuilds,
+	}
+	if collector != nil {
+		deps.MediaCollector = collector
 	}
 	if postCache != nil {
 		deps.FeedPosts = postCache
@@ -507,6 +515,9 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	if pageCache != nil {
 		g.Go(func() error { return pageCache.Run(gctx) })
+	}
+	if collector != nil && cfg.MediaCollectInterval > 0 {
+		g.Go(func() error { return collector.Run(gctx) })
 	}
 	// Projectors stop after the API has drained, each finishing its batch.
 	projCtx, stopProjectors := context.WithCancel(context.WithoutCancel(ctx))
