@@ -51,6 +51,16 @@ type infra struct {
 	// databaseURL is Postgres's (a rebuild opens connections of its own).
 	databaseURL string
 	closers     []func() // run in reverse order by close
+	// failed receives from each supervisor of a child server once it gave up.
+	failed []<-chan error
+}
+
+// supervise keeps the child server first, started by start, running (see
+// localstack.Supervisor) until the infrastructure is closed.
+func (in *infra) supervise(name string, first localstack.Server, start func(context.Context) (localstack.Server, error), logger *slog.Logger) {
+	sup := localstack.Supervise(name, first, start, localstack.SupervisorConfig{}, logger)
+	in.closers = append(in.closers, func() { logStop(logger, name, sup.Stop()) })
+	in.failed = append(in.failed, sup.Failed())
 }
 
 func (in *infra) close() {
@@ -95,13 +105,17 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 		if err != nil {
 			return nil, err
 		}
-		in.closers = append(in.closers, func() { logStop(logger, "nats", ns.Stop()) })
+		in.supervise("nats", ns, func(ctx context.Context) (localstack.Server, error) {
+			c := natsConfig(cfg)
+			c.Port = ns.Port() // where clients reconnect
+			return localstack.StartNATSProcess(ctx, []string{exe, "nats"}, c, logger)
+		}, logger)
 		natsURL = ns.ClientURL()
 	}
 
 	redisURL, databaseURL := cfg.RedisURL, cfg.DatabaseURL
 	if dev && redisURL == "" {
-		r, err := localstack.StartRedis(ctx, localstack.RedisConfig{
+		rcfg := localstack.RedisConfig{
 			Dir:     filepath.Join(cfg.DataDir, "redis"),
 			Port:    cfg.DevRedisPort,
 			Persist: true,
@@ -109,23 +123,31 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 			ZSetListpackEntries: listpackEntries(cfg),
 			Realtime:            devRedisRealtime,
 			Nice:                devRedisNice,
-		}, logger)
+		}
+		r, err := localstack.StartRedis(ctx, rcfg, logger)
 		if err != nil {
 			return nil, err
 		}
-		in.closers = append(in.closers, func() { logStop(logger, "redis", r.Stop()) })
+		rcfg.Port = r.Port()
+		in.supervise("redis", r, func(ctx context.Context) (localstack.Server, error) {
+			return localstack.StartRedis(ctx, rcfg, logger)
+		}, logger)
 		redisURL = r.URL()
 	}
 	if dev && databaseURL == "" {
-		p, err := localstack.StartPostgres(ctx, localstack.PostgresConfig{
+		pcfg := localstack.PostgresConfig{
 			Dir:     filepath.Join(cfg.DataDir, "postgres"),
 			Port:    cfg.DevPGPort,
 			Durable: true,
-		}, logger)
+		}
+		p, err := localstack.StartPostgres(ctx, pcfg, logger)
 		if err != nil {
 			return nil, err
 		}
-		in.closers = append(in.closers, func() { logStop(logger, "postgres", p.Stop()) })
+		pcfg.Port = p.Port()
+		in.supervise("postgres", p, func(ctx context.Context) (localstack.Server, error) {
+			return localstack.StartPostgres(ctx, pcfg, logger)
+		}, logger)
 		databaseURL = p.URL()
 	}
 	if redisURL == "" || databaseURL == "" {
@@ -510,6 +532,17 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(ln) })
+	// A child server that keeps dying stops the process, which says why.
+	for _, failed := range in.failed {
+		g.Go(func() error {
+			select {
+			case err := <-failed:
+				return err
+			case <-gctx.Done():
+				return nil
+			}
+		})
+	}
 	if postCache != nil {
 		g.Go(func() error { return postCache.Run(gctx) })
 	}
