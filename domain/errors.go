@@ -23,4 +23,7 @@ var (
 	// ErrUnavailable means a dependency (the event log, a store) cannot be reached;
 	// nothing was written and the caller may retry later.
 	ErrUnavailable = errors.New("dependency unavailable")
+	// ErrOutcomeUnknown means a write was sent but whether it was stored could
+	// not be learnt in time; a retry under the same idempotency key is safe.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
 )

@@ -98,9 +98,9 @@ func (c *committer) append(ctx context.Context, msg *nats.Msg) (Appended, error)
 	select {
 	case c.queue <- p:
 	case <-ctx.Done():
-		return Appended{}, ctx.Err()
+		return Appended{}, fmt.Errorf("%w: %w", errNotSent, ctx.Err())
 	case <-c.stop:
-		return Appended{}, errLogClosed
+		return Appended{}, fmt.Errorf("%w: %w", errNotSent, errLogClosed)
 	}
 	// Once taken, the append is committed or failed by the loop, never dropped:
 	// waiting for its answer keeps a caller from reporting failure for an event
@@ -151,7 +151,7 @@ func (c *committer) commit(batch []*pendingAppend) {
 	live := batch[:0]
 	for _, p := range batch {
 		if err := p.ctx.Err(); err != nil {
-			p.done <- appendResult{err: err}
+			p.done <- appendResult{err: fmt.Errorf("%w: %w", errNotSent, err)}
 			continue
 		}
 		live = append(live, p)
@@ -176,10 +176,17 @@ func (c *committer) commit(batch []*pendingAppend) {
 		}
 		return
 	}
-	// The batch failed as a whole: one of its events is a retry (the server
-	// refuses duplicates inside atomic batches), or the exchange broke. Each
-	// event then goes alone; their ids make that safe even if the batch was in
-	// fact stored, since the server answers those with the first sequence.
+	if !errors.Is(err, errBatchRefused) {
+		// The exchange broke: the batch may be stored. The appends find out
+		// (see Log.resolve).
+		for _, p := range live {
+			p.done <- appendResult{err: fmt.Errorf("%w: %w", errMaybeStored, err)}
+		}
+		return
+	}
+	// The server refused the batch: one of its events is a retry (it refuses
+	// duplicates inside atomic batches). Each event then goes alone, and a
+	// retry is answered with its first sequence.
 	for _, p := range live {
 		res, err := publishOne(p.ctx, c.js, p.msg)
 		p.done <- appendResult{res: res, err: err}
@@ -195,7 +202,9 @@ func (c *committer) publishPipelined(group []*pendingAppend) {
 	for i, p := range group {
 		f, err := c.js.PublishMsgAsync(p.msg)
 		if err != nil {
-			p.done <- appendResult{err: err}
+			// Refused by the client before sending (too many acknowledgements
+			// pending, the connection closed).
+			p.done <- appendResult{err: fmt.Errorf("%w: %w", errNotSent, err)}
 			continue
 		}
 		futures[i] = f

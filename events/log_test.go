@@ -203,6 +203,10 @@ func TestAppendWhenLogUnavailable(t *testing.T) {
 	t.Cleanup(log.Close)
 
 	ns.server.Shutdown()
+	// Once the client knows the server is gone, an append is never sent: a
+	// prompt 503. (One sent before it knew has an unknown outcome: see
+	// TestResolveGivesUpAsUnknown.)
+	require.Eventually(t, func() bool { return !ns.js.Conn().IsConnected() }, 5*time.Second, 10*time.Millisecond)
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	_, err = log.AppendEvent(ctx, "x", at, events.UserFollowed{FollowerID: 1, FolloweeID: 2})

@@ -14,6 +14,7 @@ type Metrics struct {
 	appendTime   prometheus.Histogram
 	unknownTypes prometheus.Counter
 	batchSize    prometheus.Histogram
+	resolved     *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -41,8 +42,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Events committed together by group commit (one write and sync each).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
 		}),
+		resolved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "feed_events_append_outcomes_resolved_total",
+			Help: "Appends whose outcome was lost (a timeout, a connection or a leader lost) and then looked for in the log, by result: known (stored, or definitely not) or unknown (answered 504).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.appends, m.appendErrors, m.appendTime, m.unknownTypes, m.batchSize)
+	reg.MustRegister(m.appends, m.appendErrors, m.appendTime, m.unknownTypes, m.batchSize, m.resolved)
 	return m
 }
 
@@ -56,6 +61,17 @@ func (m *Metrics) observeAppend(typ string, start time.Time, err error) {
 	}
 	m.appends.WithLabelValues(typ).Inc()
 	m.appendTime.Observe(time.Since(start).Seconds())
+}
+
+func (m *Metrics) observeResolved(known bool) {
+	if m == nil {
+		return
+	}
+	if known {
+		m.resolved.WithLabelValues("known").Inc()
+	} else {
+		m.resolved.WithLabelValues("unknown").Inc()
+	}
 }
 
 func (m *Metrics) observeBatch(n int) {

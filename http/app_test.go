@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -38,6 +39,12 @@ type testApp struct {
 
 func newTestApp(t *testing.T, checks ...Check) *testApp {
 	t.Helper()
+	return newTestAppConfig(t, Config{}, checks...)
+}
+
+// newTestAppConfig is newTestApp with the server's knobs set.
+func newTestAppConfig(t *testing.T, cfg Config, checks ...Check) *testApp {
+	t.Helper()
 	ns := localstack.NATSForTest(t)
 	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	require.NoError(t, err)
@@ -65,8 +72,19 @@ func newTestApp(t *testing.T, checks ...Check) *testApp {
 		Media:      store,
 		Auth:       auth,
 		IDs:        ids,
-	}, Config{})
+	}, cfg)
 	return a
+}
+
+// listen serves the app on a loopback port, for tests that need the wire:
+// streamed and stalled bodies, bytes that are not HTTP.
+func (a *testApp) listen(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(tb, err)
+	go func() { _ = a.srv.Serve(ln) }()
+	tb.Cleanup(func() { _ = a.srv.Shutdown(context.Background()) })
+	return ln.Addr().String()
 }
 
 // operationsServer is a server of this app's log and tokens without the api
@@ -83,6 +101,14 @@ func (a *testApp) token(t *testing.T, user domain.UserID) string {
 	return tok
 }
 
+// adminToken is a token of user 1 with the admin role.
+func (a *testApp) adminToken(t *testing.T) string {
+	t.Helper()
+	tok, err := a.auth.Mint(1, true, time.Now(), time.Hour)
+	require.NoError(t, err)
+	return tok
+}
+
 // response is a decoded answer.
 type response struct {
 	status int
@@ -95,6 +121,12 @@ func (r response) errorCode() string {
 	e, _ := r.body["error"].(map[string]any)
 	code, _ := e["code"].(string)
 	return code
+}
+
+func (r response) errorMessage() string {
+	e, _ := r.body["error"].(map[string]any)
+	msg, _ := e["message"].(string)
+	return msg
 }
 
 // do sends req through the app (no network) and decodes a JSON answer.

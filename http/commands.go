@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"mime"
 	"mime/multipart"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,10 @@ const (
 	// maxPostBody bounds POST /posts: ten images at the limit and the form's own
 	// bytes.
 	maxPostBody = domain.MaxImages*domain.MaxImageBytes + 1<<20
+	// maxPartHead bounds the bytes before a form part's content: its
+	// boundary and headers (a few hundred bytes from any browser), or the
+	// form's preamble.
+	maxPartHead = 64 << 10
 	// maxCaptionBytes is the most bytes a valid caption can take.
 	maxCaptionBytes = domain.MaxCaptionChars * 4
 	// occAttempts bounds the retries of an edit or delete that lost a race.
@@ -103,10 +108,44 @@ func (h *commands) appendEvent(ctx context.Context, id string, ev events.Event, 
 	if err != nil {
 		return 0, nil, fmt.Errorf("load the first answer of a retried command: %w", err)
 	}
-	if first.Event == nil || first.Type != ev.Type() {
-		return 0, nil, fmt.Errorf("this Idempotency-Key was already used for a different command (%s): %w", first.Type, domain.ErrConflict)
+	if err := sameCommand(first, ev); err != nil {
+		return 0, nil, err
 	}
 	return first.Seq, first.Event, nil
+}
+
+// errKeyReused is a retry whose command differs from the first one sent
+// under its Idempotency-Key.
+var errKeyReused = fmt.Errorf("this Idempotency-Key was already used for a different command or body; "+
+	"use a new key for a new command: %w", domain.ErrConflict)
+
+// sameCommand fails with errKeyReused unless first, appended under a
+// command's event id, is the event the command would append now: the same
+// type and content, but for what the service generates (ids and times).
+func sameCommand(first events.Record, ev events.Event) error {
+	if first.Event == nil || first.Type != ev.Type() || !reflect.DeepEqual(intent(first.Event), intent(ev)) {
+		return errKeyReused
+	}
+	return nil
+}
+
+// intent is ev without what the service generates for it.
+func intent(ev events.Event) events.Event {
+	switch e := ev.(type) {
+	case events.PostCreated:
+		e.PostID, e.CreatedAt = 0, time.Time{}
+		return e
+	case events.PostEdited:
+		e.EditedAt = time.Time{}
+		return e
+	case events.PostDeleted:
+		e.DeletedAt = time.Time{}
+		return e
+	case events.CommentAdded:
+		e.CommentID, e.CreatedAt = 0, time.Time{}
+		return e
+	}
+	return ev
 }
 
 // accepted writes the 202 answer for the event at seq.
@@ -181,16 +220,23 @@ func (h *commands) readPostForm(c *fiber.Ctx) (string, []media.Image, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	form := multipart.NewReader(body, params["boundary"])
+	heads := &partHeads{r: body}
+	form := multipart.NewReader(heads, params["boundary"])
 	var (
 		caption    string
 		hasCaption bool
 		images     []media.Image
 	)
 	for {
+		heads.left = maxPartHead
 		part, err := form.NextPart()
+		heads.left = -1
 		if errors.Is(err, io.EOF) {
 			break
+		}
+		if heads.over {
+			return "", nil, fmt.Errorf("the form's preamble or the headers of part %d are over %d bytes: %w",
+				len(images)+1, maxPartHead, domain.ErrTooLarge)
 		}
 		if err != nil {
 			return "", nil, bodyError(body, fmt.Errorf("malformed multipart body: %v: %w", err, domain.ErrInvalid))
@@ -234,8 +280,40 @@ func (h *commands) readPostForm(c *fiber.Ctx) (string, []media.Image, error) {
 	if err := domain.ValidateImageCount(len(images)); err != nil {
 		return "", nil, err
 	}
+	// The epilogue, and a chunked body's last chunk: read to the end, the
+	// connection can carry the next request.
+	if _, err := io.Copy(io.Discard, body); err != nil {
+		return "", nil, bodyError(body, fmt.Errorf("read the end of the form: %v: %w", err, domain.ErrInvalid))
+	}
 	return caption, images, nil
 }
+
+// partHeads bounds what the multipart reader reads while it looks for the
+// next part and reads the part's headers (left >= 0): it holds those in
+// memory, up to 10 MiB a part by its own limit.
+type partHeads struct {
+	r    io.Reader
+	left int64 // -1 while a part's content is read
+	over bool
+}
+
+func (h *partHeads) Read(p []byte) (int, error) {
+	if h.left < 0 {
+		return h.r.Read(p)
+	}
+	if h.left == 0 {
+		h.over = true
+		return 0, errPartHeadTooLarge
+	}
+	if int64(len(p)) > h.left {
+		p = p[:h.left]
+	}
+	n, err := h.r.Read(p)
+	h.left -= int64(n)
+	return n, err
+}
+
+var errPartHeadTooLarge = fmt.Errorf("form part headers too large: %w", domain.ErrTooLarge)
 
 // readErrors remembers the error its reader returned, other than io.EOF, so a
 // failure of the request body can be told from one of the media store.
@@ -250,52 +328,6 @@ func (r *readErrors) Read(p []byte) (int, error) {
 		r.err = err
 	}
 	return n, err
-}
-
-// limitedBody reads a request body, counting, up to a limit.
-type limitedBody struct {
-	r     io.Reader
-	limit int64
-	n     int64
-}
-
-func (b *limitedBody) Read(p []byte) (int, error) {
-	if b.n > b.limit {
-		return 0, errBodyTooLarge
-	}
-	if rest := b.limit + 1 - b.n; int64(len(p)) > rest {
-		p = p[:rest]
-	}
-	n, err := b.r.Read(p)
-	b.n += int64(n)
-	if b.n > b.limit {
-		return n, errBodyTooLarge
-	}
-	return n, err
-}
-
-var errBodyTooLarge = fmt.Errorf("request body too large: %w", domain.ErrTooLarge)
-
-// bodyError reports a body over its limit as such, whatever the parser made of
-// the truncated stream.
-func bodyError(body *limitedBody, err error) error {
-	if body.n > body.limit {
-		return fmt.Errorf("request body is over %d bytes: %w", body.limit, domain.ErrTooLarge)
-	}
-	return err
-}
-
-// requestBody returns the body as a stream of at most limit bytes, refusing at
-// once a body whose declared length is over it.
-func requestBody(c *fiber.Ctx, limit int64) (*limitedBody, error) {
-	if n := c.Request().Header.ContentLength(); n > 0 && int64(n) > limit {
-		return nil, fmt.Errorf("request body of %d bytes is over the %d byte limit: %w", n, limit, domain.ErrTooLarge)
-	}
-	var r io.Reader = bytes.NewReader(c.Request().Body())
-	if stream := c.Context().RequestBodyStream(); stream != nil {
-		r = stream
-	}
-	return &limitedBody{r: r, limit: limit}, nil
 }
 
 // readJSON decodes a small JSON body into v, strictly: unknown fields, trailing
@@ -326,15 +358,20 @@ func readJSON(c *fiber.Ctx, v any) error {
 }
 
 // livePost returns the newest event of a post that exists and is not deleted,
-// with its owner, from the post's own events in the log.
-func (h *commands) livePost(ctx context.Context, id domain.PostID) (events.Record, domain.UserID, error) {
+// with its owner, from the post's own events in the log, as the stream's
+// leader has them if fromLeader.
+func (h *commands) livePost(ctx context.Context, id domain.PostID, fromLeader bool) (events.Record, domain.UserID, error) {
 	ctx, cancel := context.WithTimeout(ctx, logTimeout)
 	defer cancel()
 	subject := events.PostSubjectAnyOwner(id)
 	if owner, ok := h.owners.Get(id); ok {
 		subject = events.Subject(owner, events.KindPost, int64(id))
 	}
-	last, err := h.log.Last(ctx, subject)
+	read := h.log.Last
+	if fromLeader {
+		read = h.log.LeaderLast
+	}
+	last, err := read(ctx, subject)
 	if err != nil {
 		if errors.Is(err, domain.ErrNotFound) {
 			return events.Record{}, 0, fmt.Errorf("post %d: %w", id, domain.ErrNotFound)
@@ -385,10 +422,15 @@ func (h *commands) changePost(c *fiber.Ctx, change func(owner domain.UserID, id 
 			// Spread the losers of a race out so one of them wins the next round.
 			time.Sleep(time.Duration(rand.Int64N(int64(attempt) * int64(time.Millisecond))))
 		}
-		last, owner, err := h.livePost(ctx, id)
+		// A lost race is decided again from the leader's state: a replica
+		// that lags would lose it again.
+		last, owner, err := h.livePost(ctx, id, attempt > 0)
 		// The log checks the expected sequence before the dedup id, so a retry of
 		// a change that was appended is recognised here, by its id.
 		if idempotent && last.ID == evID && (err == nil || errors.Is(err, domain.ErrNotFound)) {
+			if err := sameCommand(last, change(owner, id, h.now())); err != nil {
+				return err
+			}
 			return accepted(c, last.Seq, last.Event)
 		}
 		if err != nil {
@@ -399,7 +441,7 @@ func (h *commands) changePost(c *fiber.Ctx, change func(owner domain.UserID, id 
 		}
 		ev := change(owner, id, h.now())
 		seq, first, err := h.appendEvent(ctx, evID, ev, events.ExpectSubjectSeq(last.Seq))
-		if errors.Is(err, domain.ErrConflict) && !strings.Contains(err.Error(), "Idempotency-Key") {
+		if errors.Is(err, domain.ErrConflict) && !errors.Is(err, errKeyReused) {
 			continue // another change got there first: decide again
 		}
 		if err != nil {
@@ -478,7 +520,7 @@ func (h *commands) likeCommand(c *fiber.Ctx, like bool) error {
 	if err != nil {
 		return err
 	}
-	if _, _, err := h.livePost(c.UserContext(), post); err != nil {
+	if _, _, err := h.livePost(c.UserContext(), post, false); err != nil {
 		return err
 	}
 	var ev events.Event = events.PostLiked{UserID: p.UserID, PostID: post}
@@ -508,7 +550,7 @@ func (h *commands) comment(c *fiber.Ctx) error {
 	if err := domain.ValidateComment(*body.Text); err != nil {
 		return err
 	}
-	if _, _, err := h.livePost(c.UserContext(), post); err != nil {
+	if _, _, err := h.livePost(c.UserContext(), post, false); err != nil {
 		return err
 	}
 	commentID, createdAt := h.ids.Next(h.now())

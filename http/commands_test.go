@@ -173,6 +173,10 @@ func TestCreatePostRejectsBadInput(t *testing.T) {
 		{"an unknown field", append(images(img), part{name: "location", data: []byte("x")}), 400, "invalid_input"},
 		{"two captions", append(images(img), part{name: "caption", data: []byte("a")}, part{name: "caption", data: []byte("b")}), 400, "invalid_input"},
 		{"an empty image", images([]byte{}), 400, "invalid_input"},
+		// A header can declare any size in a few bytes; clients would allocate for it.
+		{"a PNG of 20 000 × 20 000 pixels", images(pngWithSize(20_000, 20_000)), 400, "invalid_input"},
+		{"a PNG of 10 001 pixels a side", images(pngWithSize(10_001, 1)), 400, "invalid_input"},
+		{"a PNG of 40 000 001 pixels", images(pngWithSize(10_000, 4_001)), 400, "invalid_input"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,6 +186,11 @@ func TestCreatePostRejectsBadInput(t *testing.T) {
 			assert.NotEmpty(t, r.body["error"].(map[string]any)["message"])
 		})
 	}
+	t.Run("the dimension bound is named", func(t *testing.T) {
+		r := a.createPost(t, 501, images(pngWithSize(20_000, 20_000)))
+		assert.Equal(t, "image 1: image is 20000x20000 pixels; the limit is 10000 a side and 40 megapixels: invalid input",
+			r.body["error"].(map[string]any)["message"])
+	})
 
 	t.Run("not multipart", func(t *testing.T) {
 		r := a.command(t, http.MethodPost, "/posts", 501, `{"caption":"x"}`)
@@ -241,7 +250,11 @@ func TestAuthFailures(t *testing.T) {
 	}
 	for name, h := range headers {
 		for _, route := range routes {
-			req := httptest.NewRequest(route[0], route[1], strings.NewReader(`{}`))
+			var body io.Reader
+			if route[0] == http.MethodPatch || strings.HasSuffix(route[1], "/comments") {
+				body = strings.NewReader(`{}`)
+			}
+			req := httptest.NewRequest(route[0], route[1], body)
 			if h != "" {
 				req.Header.Set("Authorization", h)
 			}
@@ -376,13 +389,13 @@ func TestGraphAndEngagement(t *testing.T) {
 	}
 
 	// Likes and comments need a live post.
-	for _, path := range []string{"/posts/999/like", "/posts/999/comments"} {
-		r := a.command(t, http.MethodPost, path, 404, `{"text":"hi"}`)
+	for path, body := range map[string]string{"/posts/999/like": "", "/posts/999/comments": `{"text":"hi"}`} {
+		r := a.command(t, http.MethodPost, path, 404, body)
 		assert.Equal(t, http.StatusNotFound, r.status, path)
 	}
 	require.Equal(t, http.StatusAccepted, a.command(t, http.MethodDelete, "/posts/"+id, 501, "").status)
-	for _, path := range []string{"/posts/" + id + "/like", "/posts/" + id + "/comments"} {
-		r := a.command(t, http.MethodPost, path, 404, `{"text":"hi"}`)
+	for path, body := range map[string]string{"/posts/" + id + "/like": "", "/posts/" + id + "/comments": `{"text":"hi"}`} {
+		r := a.command(t, http.MethodPost, path, 404, body)
 		assert.Equal(t, http.StatusNotFound, r.status, path+" of a deleted post")
 	}
 }
@@ -492,10 +505,14 @@ func TestIdempotentRetries(t *testing.T) {
 	c1 := a.command(t, http.MethodPost, "/posts/"+id+"/comments", 501, `{"text":"one"}`, "Idempotency-Key", "c")
 	c2 := a.command(t, http.MethodPost, "/posts/"+id+"/comments", 501, `{"text":"one"}`, "Idempotency-Key", "c")
 	assert.Equal(t, c1.body, c2.body)
+	c3 := a.command(t, http.MethodPost, "/posts/"+id+"/comments", 501, `{"text":"two"}`, "Idempotency-Key", "c")
+	assert.Equal(t, http.StatusConflict, c3.status, "another comment under a used key: %s", c3.raw)
 	e1 := a.command(t, http.MethodPatch, "/posts/"+id, 501, `{"caption":"e"}`, "Idempotency-Key", "e")
 	e2 := a.command(t, http.MethodPatch, "/posts/"+id, 501, `{"caption":"e"}`, "Idempotency-Key", "e")
 	assert.Equal(t, http.StatusAccepted, e2.status)
 	assert.Equal(t, e1.body, e2.body)
+	e3 := a.command(t, http.MethodPatch, "/posts/"+id, 501, `{"caption":"other"}`, "Idempotency-Key", "e")
+	assert.Equal(t, http.StatusConflict, e3.status, "another caption under a used key: %s", e3.raw)
 	d1 := a.command(t, http.MethodDelete, "/posts/"+id, 501, "", "Idempotency-Key", "d")
 	d2 := a.command(t, http.MethodDelete, "/posts/"+id, 501, "", "Idempotency-Key", "d")
 	assert.Equal(t, http.StatusAccepted, d2.status, "a retried delete is not a 404: %s", d2.raw)
@@ -504,6 +521,13 @@ func TestIdempotentRetries(t *testing.T) {
 	// A key reused for a different command is a conflict, not a silent no-op.
 	r := a.command(t, http.MethodPost, "/users/10/follow", 501, "", "Idempotency-Key", "c")
 	assert.Equal(t, http.StatusConflict, r.status, "%s", r.raw)
+	// So is the same command with another body: its content would be dropped.
+	r = a.createPost(t, 501, images(pngImage(t, 6, 6)), "Idempotency-Key", "post-1")
+	assert.Equal(t, http.StatusConflict, r.status, "another image under a used key: %s", r.raw)
+	assert.Contains(t, r.errorMessage(), "Idempotency-Key")
+	r = a.command(t, http.MethodPost, "/users/11/follow", 501, "", "Idempotency-Key", "f")
+	assert.Equal(t, http.StatusConflict, r.status, "another followee under a used key: %s", r.raw)
+
 	r = a.command(t, http.MethodPost, "/users/10/follow", 501, "", "Idempotency-Key", "bad key")
 	assert.Equal(t, http.StatusBadRequest, r.status)
 
@@ -519,6 +543,9 @@ func TestLogUnavailable(t *testing.T) {
 	a := newTestApp(t)
 	id := a.post(t, 501)
 	a.nats.Shutdown()
+	// The client knows the log is gone: nothing is sent, so nothing can be
+	// stored. (A command sent before it knew has an unknown outcome: 504.)
+	require.Eventually(t, func() bool { return !a.js.Conn().IsConnected() }, 5*time.Second, 10*time.Millisecond)
 	for _, tt := range []struct{ method, path, body string }{
 		{http.MethodPost, "/users/9/follow", ""},
 		{http.MethodDelete, "/posts/" + id, ""},
@@ -572,4 +599,22 @@ func TestErrorBodiesAreJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal(r.raw, &body))
 	assert.NotEmpty(t, body.Error.Code)
 	_ = io.Discard
+}
+
+// A command whose outcome the log could not tell in time is a 504 that says a
+// retry with the same key is safe, never a 503, which promises nothing was stored.
+func TestUnknownOutcomeIsA504(t *testing.T) {
+	app := fiber.New(fiber.Config{DisableStartupMessage: true, ErrorHandler: errorHandler(slog.New(slog.DiscardHandler))})
+	app.Post("/", func(*fiber.Ctx) error {
+		return fmt.Errorf("append x: %w: lost", domain.ErrOutcomeUnknown)
+	})
+	resp, err := app.Test(httptest.NewRequest(http.MethodPost, "/", nil))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+	assert.Equal(t, "2", resp.Header.Get("Retry-After"))
+	var body errorBody
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	assert.Equal(t, "outcome_unknown", body.Error.Code)
+	assert.Contains(t, body.Error.Message, "same Idempotency-Key is safe")
 }

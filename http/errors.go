@@ -24,6 +24,7 @@ var errorKinds = []struct {
 	{domain.ErrConflict, fiber.StatusConflict, "conflict"},
 	{domain.ErrTooLarge, fiber.StatusRequestEntityTooLarge, "too_large"},
 	{domain.ErrUnsupportedMedia, fiber.StatusUnsupportedMediaType, "unsupported_media_type"},
+	{domain.ErrOutcomeUnknown, fiber.StatusGatewayTimeout, "outcome_unknown"},
 	{domain.ErrUnavailable, fiber.StatusServiceUnavailable, "unavailable"},
 }
 
@@ -47,15 +48,15 @@ func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 	unavailable := newSampledLog()
 	return func(c *fiber.Ctx, err error) error {
 		status, code, message := classify(err)
-		if c.Request().Header.ContentLength() != 0 {
-			// The body may be unread (refused early, or streamed and abandoned):
-			// its bytes must not be taken for the next request on this connection.
+		if status == fiber.StatusRequestTimeout {
+			// The request did not arrive whole: nothing more on this
+			// connection can be read as a request.
 			c.Context().SetConnectionClose()
 		}
 		if status == fiber.StatusInternalServerError {
 			log.Error("request failed", "method", c.Method(), "path", c.Path(), "err", err)
 		}
-		if status == fiber.StatusServiceUnavailable {
+		if status == fiber.StatusServiceUnavailable || status == fiber.StatusGatewayTimeout {
 			unavailable.log(c.UserContext(), log, slog.LevelWarn, "dependency unavailable", "method", c.Method(), "path", c.Path(), "err", err)
 			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(retryAfterSeconds))
 		}
@@ -66,9 +67,13 @@ func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 func classify(err error) (status int, code, message string) {
 	for _, k := range errorKinds {
 		if errors.Is(err, k.err) {
-			if k.status == fiber.StatusServiceUnavailable {
+			switch k.status {
+			case fiber.StatusServiceUnavailable:
 				// The chain names internal hosts and servers; clients need only this.
 				return k.status, k.code, "a dependency is unavailable; retry later"
+			case fiber.StatusGatewayTimeout:
+				return k.status, k.code, "the event log did not confirm in time whether the command was stored; " +
+					"retrying it with the same Idempotency-Key is safe: it is stored once at most"
 			}
 			return k.status, k.code, err.Error()
 		}

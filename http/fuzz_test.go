@@ -1,16 +1,19 @@
 package http
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"io"
 	"log/slog"
 	"mime"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/textproto"
@@ -449,6 +452,117 @@ func FuzzCreatePost(f *testing.F) {
 		req.Header.Set("Content-Type", contentType)
 		res := a.send(t, req)
 		requireContractAnswer(t, res, "POST /posts with "+contentType,
+			http.StatusAccepted, http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType)
+	})
+}
+
+// Framings of FuzzPostFraming, in the fuzzer's framing byte modulo 3.
+const (
+	// framingDeclared sends the body with a Content-Length of its length
+	// plus delta: above it the body is cut short, below it the rest is
+	// sent as the next request.
+	framingDeclared = iota
+	// framingChunked sends the body chunked, in chunks of the fuzzer's size
+	// (0: one chunk).
+	framingChunked
+	// framingRaw declares a chunked body and sends the bytes as they are:
+	// the fuzzer writes the chunk framing itself.
+	framingRaw
+)
+
+// FuzzPostFraming sends POST /posts over the wire with arbitrary framings of
+// the body: declared lengths that are short or long or far over the limit,
+// chunks of any size and hand-written chunk framing. Whatever arrives, the
+// answer is one of the contract's, with its error body, and it comes at once:
+// the client half-closes the connection after its bytes, so nothing is left
+// for the server to wait for.
+func FuzzPostFraming(f *testing.F) {
+	a := newFuzzApp(f)
+	addr := a.listen(f)
+	token := "Bearer " + a.token(f, fuzzUser)
+
+	_, form := multipartBodyWithBoundary(f, "fuzzboundary", append(images(pngImage(f, 1, 1)), part{name: "caption", data: []byte("hi")})...)
+	_, huge := multipartBodyWithBoundary(f, "fuzzboundary", images(pngWithSize(20000, 20000))...)
+	for _, s := range []struct {
+		framing byte
+		chunk   uint16
+		delta   int64
+		body    string
+	}{
+		{framingDeclared, 0, 0, string(form)},
+		{framingChunked, 0, 0, string(form)},
+		{framingChunked, 1, 0, string(form)},
+		{framingChunked, 7, 0, string(form)},
+		{framingDeclared, 0, 0, string(huge)},
+		// Truncated: declared longer than sent, or cut inside the form.
+		{framingDeclared, 0, 100, string(form)},
+		{framingDeclared, 0, 1 << 20, string(form)},
+		{framingDeclared, 0, 0, string(form[:len(form)/2])},
+		{framingChunked, 16, 0, string(form[:len(form)-10])},
+		{framingRaw, 0, 0, fmt.Sprintf("%x\r\n%s", len(form), form)},
+		{framingRaw, 0, 0, fmt.Sprintf("%x\r\n%s\r\n", len(form)+50, form)},
+		// Declared shorter than sent: the rest is the next request.
+		{framingDeclared, 0, -10, string(form)},
+		{framingDeclared, 0, -int64(len(form)), string(form)},
+		// Oversized: declared, or chunks that claim far more than is sent.
+		{framingDeclared, 0, maxPostBody, string(form)},
+		{framingDeclared, 0, 1 << 40, ""},
+		{framingRaw, 0, 0, "7fffffffffffffff\r\n" + string(form)},
+		{framingRaw, 0, 0, "ffffffffffffffffffff\r\n" + string(form)},
+		{framingRaw, 0, 0, "3200001\r\n--fuzzboundary\r\n"},
+		// Chunked-ish: malformed sizes, extensions, trailers, missing CRLFs.
+		{framingRaw, 0, 0, "zz\r\n" + string(form)},
+		{framingRaw, 0, 0, "-5\r\nhello\r\n0\r\n\r\n"},
+		{framingRaw, 0, 0, fmt.Sprintf("%x;ext=1\r\n%s\r\n0\r\n\r\n", len(form), form)},
+		{framingRaw, 0, 0, fmt.Sprintf("%x\r\n%s\r\n0\r\nX-Trailer: 1\r\n\r\n", len(form), form)},
+		{framingRaw, 0, 0, fmt.Sprintf("%x\r\n%sXX0\r\n\r\n", len(form), form)},
+		{framingRaw, 0, 0, fmt.Sprintf("%x\n%s\n0\n\n", len(form), form)},
+		{framingRaw, 0, 0, "0\r\n\r\n"},
+		{framingRaw, 0, 0, ""},
+	} {
+		f.Add(s.framing, s.chunk, s.delta, []byte(s.body))
+	}
+
+	f.Fuzz(func(t *testing.T, framing byte, chunk uint16, delta int64, body []byte) {
+		var head, wire bytes.Buffer
+		fmt.Fprintf(&head, "POST /posts HTTP/1.1\r\nHost: feed\r\nAuthorization: %s\r\nContent-Type: multipart/form-data; boundary=fuzzboundary\r\n", token)
+		switch framing % 3 {
+		case framingDeclared:
+			declared := min(max(int64(len(body))+delta, 0), 1<<40)
+			fmt.Fprintf(&head, "Content-Length: %d\r\n\r\n", declared)
+			wire.Write(body)
+		case framingChunked:
+			head.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+			size := int(chunk)
+			if size == 0 {
+				size = max(len(body), 1)
+			}
+			for rest := body; len(rest) > 0; {
+				n := min(size, len(rest))
+				fmt.Fprintf(&wire, "%x\r\n%s\r\n", n, rest[:n])
+				rest = rest[n:]
+			}
+			wire.WriteString("0\r\n\r\n")
+		case framingRaw:
+			head.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+			wire.Write(body)
+		}
+
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		defer conn.Close()
+		require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+		a.logs.take()
+		// The server may answer and close before it has read every byte.
+		_, _ = conn.Write(append(head.Bytes(), wire.Bytes()...))
+		_ = conn.(*net.TCPConn).CloseWrite()
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err, "no answer (framing %d)", framing%3)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		res := fuzzResponse{response: response{status: resp.StatusCode, header: resp.Header, raw: raw}, logged: a.logs.take()}
+		requireContractAnswer(t, res, fmt.Sprintf("POST /posts, framing %d", framing%3),
 			http.StatusAccepted, http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType)
 	})
 }

@@ -136,6 +136,11 @@ func TestOpenAPIOperationsFollowTheConventions(t *testing.T) {
 					}
 				}
 
+				// Every route bounds its body: a route without one refuses any.
+				if tooLarge := op.Responses.Value("413"); assert.NotNil(t, tooLarge, "no 413") && op.RequestBody == nil {
+					assert.Equal(t, "#/components/responses/NoBodyTaken", tooLarge.Ref, "a route without a body refuses one")
+				}
+
 				// Auth is always explicit; protected and optional-auth routes document 401.
 				require.NotNil(t, op.Security, "security is not stated")
 				auth := authOf(*op.Security)

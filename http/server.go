@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +38,9 @@ type Config struct {
 	// BodyLimit is how many body bytes are buffered before a handler streams the
 	// rest; each route enforces its own limit on the whole; default 64 KiB.
 	BodyLimit int
+	// ReadTimeout bounds the wait for a request's headers, from their first
+	// byte, and each wait for more of its body; default 10s.
+	ReadTimeout time.Duration
 	// ConsistencyWait bounds how long a read waits for its projection to reach
 	// the request's X-Min-Position; default 2s.
 	ConsistencyWait time.Duration
@@ -57,6 +61,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BodyLimit == 0 {
 		c.BodyLimit = 64 << 10
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = defaultReadTimeout
 	}
 	if c.ConsistencyWait == 0 {
 		c.ConsistencyWait = 2 * time.Second
@@ -88,6 +95,9 @@ type Deps struct {
 	FeedPosts FeedPosts
 	// Rebuilds serves the admin rebuild routes; while it is nil they answer 503.
 	Rebuilds Rebuilds
+	// MediaCollector serves the admin route that collects unreferenced
+	// images; while it is nil it answers 503.
+	MediaCollector MediaCollector
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -126,17 +136,19 @@ func NewServer(deps Deps, cfg Config) *Server {
 		DisableStartupMessage: true,
 		ErrorHandler:          errorHandler(deps.Logger),
 		// Bodies are streamed to the handlers, which enforce each route's limit
-		// (see requestBody) before anything is held in memory whole; BodyLimit is
-		// then only how much fasthttp buffers before handing over the stream.
+		// (see body.go) before anything is held in memory whole; fasthttp
+		// buffers at most 8 KiB of a body before handing over the stream.
 		StreamRequestBody:            true,
 		DisablePreParseMultipartForm: true,
 		BodyLimit:                    cfg.BodyLimit,
-		ReadTimeout:                  time.Minute,
+		ReadTimeout:                  cfg.ReadTimeout,
 		WriteTimeout:                 time.Minute,
 		IdleTimeout:                  2 * time.Minute,
 	})
 	s.app.Use(recover.New(recover.Config{EnableStackTrace: false}))
 	s.app.Use(s.metrics.middleware)
+	s.app.Use(guardBodies)
+	s.refuseUnknownMethods()
 	s.app.Get("/healthz", s.healthz)
 	s.app.Get("/readyz", s.readyz)
 	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{})))
@@ -152,9 +164,9 @@ func NewServer(deps Deps, cfg Config) *Server {
 	s.app.Post("/posts", auth, cmd.createPost)
 	s.app.Patch("/posts/:id", auth, cmd.editPost)
 	s.app.Delete("/posts/:id", auth, cmd.deletePost)
-	s.app.Post("/users/:id/follow", auth, cmd.follow)
+	s.app.Post("/users/:id/follow", noBody, auth, cmd.follow)
 	s.app.Delete("/users/:id/follow", auth, cmd.unfollow)
-	s.app.Post("/posts/:id/like", auth, cmd.like)
+	s.app.Post("/posts/:id/like", noBody, auth, cmd.like)
 	s.app.Delete("/posts/:id/like", auth, cmd.unlike)
 	s.app.Post("/posts/:id/comments", auth, cmd.comment)
 	s.app.Get("/media/:key", cmd.serveMedia)
@@ -162,6 +174,27 @@ func NewServer(deps Deps, cfg Config) *Server {
 	registerHomeFeed(s.app, deps, cfg, deps.Registerer)
 	registerAdmin(s.app, deps)
 	return s
+}
+
+// refuseUnknownMethods answers a request whose method Fiber does not know
+// (often no HTTP at all: "GARBAGE" as a request line) with the contract's
+// error body; Fiber answers those itself, in plain text.
+func (s *Server) refuseUnknownMethods() {
+	srv := s.app.Server()
+	next := srv.Handler
+	srv.Handler = func(ctx *fasthttp.RequestCtx) {
+		if slices.Contains(fiber.DefaultMethods, string(ctx.Method())) {
+			next(ctx)
+			return
+		}
+		ctx.SetConnectionClose()
+		c := s.app.AcquireCtx(ctx)
+		defer s.app.ReleaseCtx(c)
+		err := fmt.Errorf("%q is not an HTTP method: %w", ctx.Method(), domain.ErrInvalid)
+		if herr := s.app.ErrorHandler(c, err); herr != nil {
+			s.log.Error("answer an unknown method", "err", herr)
+		}
+	}
 }
 
 // App returns the Fiber app, for tests that drive it with app.Test.

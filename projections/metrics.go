@@ -20,6 +20,8 @@ type Metrics struct {
 	deadLetters *prometheus.CounterVec
 	merged      *prometheus.CounterVec
 	stages      *prometheus.HistogramVec
+	rewinds     *prometheus.CounterVec
+	gaps        *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg.
@@ -66,8 +68,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time a batch spent in each stage of a projector that reports them (the feed planner: lock, read, changes, plan, publish, position, wait).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}, []string{"projector", "stage"}),
+		rewinds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "feed_projector_rewinds_total",
+			Help: "Times a projector (or a fan-out applier) went back to its checkpoint and read again, by cause: gap (a record that was not the next one expected), event, store, unavailable, verify.",
+		}, []string{"projector", "cause"}),
+		gaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "feed_projector_known_gap_events_total",
+			Help: "Sequences a projector passed over because the stream itself reports them gone (below its first sequence, or deleted); zero while the stream denies deletes and keeps every event.",
+		}, []string{"projector"}),
 	}
-	reg.MustRegister(m.positionG, m.lagG, m.eventsC, m.batchTime, m.delay, m.failures, m.deadLetters, m.merged, m.stages)
+	reg.MustRegister(m.positionG, m.lagG, m.eventsC, m.batchTime, m.delay, m.failures, m.deadLetters, m.merged, m.stages, m.rewinds, m.gaps)
 	return m
 }
 
@@ -124,6 +134,19 @@ func (m *Metrics) Staged(p, stage string, took time.Duration) {
 func (m *Metrics) failure(p, cause string) {
 	if m != nil {
 		m.failures.WithLabelValues(p, cause).Inc()
+	}
+}
+
+// Rewound records that p went back to its checkpoint, and why.
+func (m *Metrics) Rewound(p, cause string) {
+	if m != nil {
+		m.rewinds.WithLabelValues(p, cause).Inc()
+	}
+}
+
+func (m *Metrics) knownGap(p string, n uint64) {
+	if m != nil {
+		m.gaps.WithLabelValues(p).Add(float64(n))
 	}
 }
 

@@ -101,6 +101,30 @@ func (c RunnerConfig) withDefaults() RunnerConfig {
 	return c
 }
 
+// ErrGap is a record that is not the next one expected from the log: those
+// before it were lost on the way (with a connection or a node). A reader that
+// meets one rewinds and reads again; it never applies past it.
+var ErrGap = errors.New("gap in the log's delivery")
+
+// errVerify marks a Verifier's failure.
+var errVerify = errors.New("verify")
+
+// RewindCause names why a reader rewound, for the rewinds metric.
+func RewindCause(err error) string {
+	var ee *EventError
+	switch {
+	case errors.Is(err, ErrGap):
+		return "gap"
+	case errors.As(err, &ee):
+		return "event"
+	case errors.Is(err, errVerify):
+		return "verify"
+	case errors.Is(err, domain.ErrUnavailable):
+		return "unavailable"
+	}
+	return "store"
+}
+
 // DeadLetterStream holds the events projectors gave up on, with their errors,
 // on subjects deadletter.<projector>.<seq>.
 const DeadLetterStream = "FEED_DEADLETTER"
@@ -122,6 +146,8 @@ type Runner struct {
 	// dead-lettered by this process, applied as no-ops.
 	attempts map[uint64]int
 	skip     map[uint64]bool
+	// deadLetters is set once the dead-letter stream is known to exist.
+	deadLetters bool
 }
 
 // NewRunner returns a runner of p over log.
@@ -154,9 +180,6 @@ func (r *Runner) Running() bool { return r.running.Load() }
 // skipped by a later one overtaking it.
 func (r *Runner) Run(ctx context.Context) error {
 	defer r.running.Store(false)
-	if err := r.ensureDeadLetterStream(ctx); err != nil {
-		return err
-	}
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		err := r.consume(ctx)
@@ -164,6 +187,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		r.metrics.Rewound(r.p.Name(), RewindCause(err))
 		r.logger.Warn("projector rewinds to its checkpoint", "err", err, "after", backoff)
 		select {
 		case <-time.After(backoff):
@@ -182,13 +206,19 @@ func (r *Runner) Run(ctx context.Context) error {
 
 // consume runs from the checkpoint until an error.
 func (r *Runner) consume(ctx context.Context) error {
+	if !r.deadLetters {
+		if err := r.ensureDeadLetterStream(ctx); err != nil {
+			return err
+		}
+		r.deadLetters = true
+	}
 	cp, err := r.p.Checkpoint(ctx)
 	if err != nil {
 		return fmt.Errorf("read checkpoint: %w", err)
 	}
 	r.position.Store(cp)
 	r.metrics.position(r.p.Name(), cp)
-	cons, err := r.consumerAt(ctx, cp+1)
+	cons, holes, err := r.consumerAt(ctx, cp+1)
 	if err != nil {
 		return err
 	}
@@ -200,7 +230,7 @@ func (r *Runner) consume(ctx context.Context) error {
 	batches := make(chan fetched)
 	want := make(chan struct{})
 	var fetching sync.WaitGroup
-	fetching.Go(func() { r.fetch(fetchCtx, cons, want, batches) })
+	fetching.Go(func() { r.fetch(fetchCtx, cons, &order{next: cp + 1, holes: holes}, want, batches) })
 	// The fetcher stops at its next step (a fetch waits at most FetchWait) and
 	// is waited for, so no read of the log outlives this call.
 	defer fetching.Wait()
@@ -260,7 +290,7 @@ func (r *Runner) consume(ctx context.Context) error {
 			}
 			if v, ok := r.p.(Verifier); ok {
 				if err := v.Verify(ctx); err != nil {
-					return fmt.Errorf("verify: %w", err)
+					return fmt.Errorf("%w: %w", errVerify, err)
 				}
 			}
 			continue
@@ -337,9 +367,54 @@ func (r *Runner) settleVoid(o *outstanding) {
 	}
 }
 
+// order is what the fetcher expects next from the log.
+type order struct {
+	next  uint64
+	holes holes
+}
+
+// take checks that seq may follow what was taken before: it is next, or the
+// stream reports every sequence between gone. A sequence taken already is
+// not taken again (false).
+func (o *order) take(seq uint64) (bool, error) {
+	if seq < o.next {
+		return false, nil
+	}
+	skipped := seq - o.next
+	for s := o.next; s < seq; s++ {
+		if !o.holes.gone(s) {
+			return false, fmt.Errorf("%w: sequence %d came where %d was expected", ErrGap, seq, s)
+		}
+	}
+	o.next = seq + 1
+	if skipped > 0 {
+		return true, &knownGap{from: seq - skipped, to: seq - 1}
+	}
+	return true, nil
+}
+
+// knownGap is a run of sequences the stream reports gone, passed over.
+type knownGap struct{ from, to uint64 }
+
+func (g *knownGap) Error() string {
+	return fmt.Sprintf("sequences %d..%d are not in the stream", g.from, g.to)
+}
+
+// holes are the sequences a stream reports it no longer has: below its first
+// sequence, or deleted. The events stream denies deletes and keeps every
+// event, so it has none; a stream with limits or deletes is read across them
+// as it reports them, never by guessing from what a fetch skipped.
+type holes struct {
+	first   uint64
+	deleted map[uint64]bool
+}
+
+func (h holes) gone(seq uint64) bool { return seq < h.first || h.deleted[seq] }
+
 // pull fetches up to n events into f: those already available when wait is 0,
-// else waiting up to wait for them.
-func (r *Runner) pull(cons jetstream.Consumer, n int, wait time.Duration, f *fetched) error {
+// else waiting up to wait for them. Events must come in order, each the next
+// of the log (see order).
+func (r *Runner) pull(cons jetstream.Consumer, o *order, n int, wait time.Duration, f *fetched) error {
 	var (
 		batch jetstream.MessageBatch
 		err   error
@@ -357,6 +432,17 @@ func (r *Runner) pull(cons jetstream.Consumer, n int, wait time.Duration, f *fet
 		if err != nil {
 			return fmt.Errorf("message metadata: %w", err)
 		}
+		f.pending = meta.NumPending
+		take, err := o.take(meta.Sequence.Stream)
+		if gap := (*knownGap)(nil); errors.As(err, &gap) {
+			r.metrics.knownGap(r.p.Name(), gap.to-gap.from+1)
+			r.logger.Warn("projector passes over sequences the stream no longer has", "from", gap.from, "to", gap.to)
+		} else if err != nil {
+			return err
+		}
+		if !take {
+			continue
+		}
 		if f.records == nil {
 			// Sized once for what is there (a replay's batches are full, a
 			// live one's are small): a batch's records are most of what a
@@ -373,7 +459,6 @@ func (r *Runner) pull(cons jetstream.Consumer, n int, wait time.Duration, f *fet
 			f.undecodable[rec.Seq] = undecodable{msg.Data(), err}
 		}
 		f.records = append(f.records, rec)
-		f.pending = meta.NumPending
 	}
 	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 		return fmt.Errorf("fetch: %w", classifyNATS(err))
@@ -405,7 +490,7 @@ const fetchMargin = 256
 
 // fetch reads batches in order and hands them over until ctx ends or a fetch
 // fails (the failure is handed over too, and ends the loop).
-func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, want <-chan struct{}, out chan<- fetched) {
+func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, o *order, want <-chan struct{}, out chan<- fetched) {
 	send := func(f fetched) bool {
 		select {
 		case out <- f:
@@ -428,7 +513,7 @@ func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, want <-chan
 	}
 	pull := func(n int, wait time.Duration, f *fetched) error {
 		had := len(f.records)
-		err := r.pull(cons, n, wait, f)
+		err := r.pull(cons, o, n, wait, f)
 		if len(f.records) > had {
 			left = int(min(f.pending, uint64(r.cfg.BatchSize)))
 		}
@@ -529,6 +614,7 @@ func (r *Runner) ensureDeadLetterStream(ctx context.Context) error {
 		Description: "Events projectors gave up on, with the error (see the README).",
 		Subjects:    []string{"deadletter.>"},
 		Storage:     jetstream.FileStorage,
+		Replicas:    r.log.Replicas(),
 		Duplicates:  time.Hour,
 	})
 	if err != nil {
@@ -538,15 +624,20 @@ func (r *Runner) ensureDeadLetterStream(ctx context.Context) error {
 }
 
 // consumerAt (re)creates the projector's durable consumer so that it delivers
-// from seq on. The checkpoint, not the consumer's own state, is the truth:
-// recreating it is how a projector rewinds. So the consumer keeps no state
-// worth the server's work: no acks (nothing is ever redelivered, which also
-// keeps deliveries in log order), its state in memory, and no filter (the
-// stream holds only events; a filter costs a subject match per event).
-func (r *Runner) consumerAt(ctx context.Context, seq uint64) (jetstream.Consumer, error) {
+// from seq on, and returns the holes the stream reports from there. The
+// checkpoint, not the consumer's own state, is the truth: recreating it is
+// how a projector rewinds. So the consumer keeps no state worth the server's
+// work: no acks (nothing is redelivered; what is lost on the way shows as a
+// gap, see order), its state in memory, and no filter (the stream holds only
+// events; a filter costs a subject match per event).
+func (r *Runner) consumerAt(ctx context.Context, seq uint64) (jetstream.Consumer, holes, error) {
 	js, stream, name := r.log.JetStream(), r.log.Stream(), ConsumerName(r.p.Name())
+	h, err := streamHoles(ctx, js, stream, seq)
+	if err != nil {
+		return nil, h, err
+	}
 	if err := js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil, fmt.Errorf("reset consumer %s: %w", name, classifyNATS(err))
+		return nil, h, fmt.Errorf("reset consumer %s: %w", name, classifyNATS(err))
 	}
 	cons, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable:       name,
@@ -557,9 +648,33 @@ func (r *Runner) consumerAt(ctx context.Context, seq uint64) (jetstream.Consumer
 		MemoryStorage: true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create consumer %s at %d: %w", name, seq, classifyNATS(err))
+		return nil, h, fmt.Errorf("create consumer %s at %d: %w", name, seq, classifyNATS(err))
 	}
-	return cons, nil
+	return cons, h, nil
+}
+
+// streamHoles reads the holes of stream at and after seq from its state.
+func streamHoles(ctx context.Context, js jetstream.JetStream, name string, seq uint64) (holes, error) {
+	stream, err := js.Stream(ctx, name)
+	if err != nil {
+		return holes{}, fmt.Errorf("stream %s: %w", name, classifyNATS(err))
+	}
+	state := stream.CachedInfo().State
+	h := holes{first: state.FirstSeq}
+	if state.NumDeleted == 0 {
+		return h, nil
+	}
+	info, err := stream.Info(ctx, jetstream.WithDeletedDetails(true))
+	if err != nil {
+		return holes{}, fmt.Errorf("stream %s: %w", name, classifyNATS(err))
+	}
+	h = holes{first: info.State.FirstSeq, deleted: map[uint64]bool{}}
+	for _, d := range info.State.Deleted {
+		if d >= seq {
+			h.deleted[d] = true
+		}
+	}
+	return h, nil
 }
 
 // classifyNATS marks connection-level failures as domain.ErrUnavailable.

@@ -100,7 +100,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if err != nil {
 			return err
 		}
-		return serve(ctx, cfg, cmd == "dev", newLogger(cfg, stderr), stdout)
+		logger := newLogger(cfg, stderr)
+		logRedisThrough(logger)
+		return serve(ctx, cfg, cmd == "dev", logger, stdout)
 	case "nats":
 		cfg, err := parseConfig(getenv)
 		if err != nil {

@@ -213,7 +213,9 @@ func replay(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
-	b, closeAll, err := connectRebuilder(ctx, cfg, newLogger(cfg, stderr))
+	logger := newLogger(cfg, stderr)
+	logRedisThrough(logger)
+	b, closeAll, err := connectRebuilder(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
@@ -269,7 +271,7 @@ func connectRebuilder(ctx context.Context, cfg config, logger *slog.Logger) (*re
 	if err != nil {
 		return fail(fmt.Errorf("jetstream: %w", err))
 	}
-	log, err := events.OpenLog(ctx, js, events.Config{Name: cfg.StreamName, Replicas: cfg.Replicas, DedupWindow: cfg.DedupWindow, MaxBatch: 1}, nil)
+	log, err := events.AttachLog(ctx, js, events.Config{Name: cfg.StreamName, MaxBatch: 1}, nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -295,7 +297,7 @@ func newRebuilder(ctx context.Context, cfg config, log *events.Log, databaseURL 
 		feeds: feeds.NewStore(rdb, feeds.Config{
 			InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
 		}),
-		planner: feeds.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions},
+		planner: feeds.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: log.Replicas()},
 		runs:    map[string]*feedhttp.RebuildStatus{},
 	}
 }

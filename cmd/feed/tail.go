@@ -230,11 +230,7 @@ func tail(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	log, err := events.OpenLog(ctx, js, events.Config{
-		Name:        cfg.StreamName,
-		Replicas:    cfg.Replicas,
-		DedupWindow: cfg.DedupWindow,
-	}, events.NewMetrics(prometheus.NewRegistry()))
+	log, err := events.AttachLog(ctx, js, events.Config{Name: cfg.StreamName}, events.NewMetrics(prometheus.NewRegistry()))
 	if err != nil {
 		return err
 	}

@@ -58,13 +58,13 @@ func startChildEcho(name string, cmd *exec.Cmd, log *slog.Logger, echo io.Writer
 	return startChildLeveled(name, cmd, log, echo, nil)
 }
 
-// startChildLeveled is startChildEcho that logs each line of output at the
-// level that level gives it (debug when level is nil).
-func startChildLeveled(name string, cmd *exec.Cmd, log *slog.Logger, echo io.Writer, level func(line string) slog.Level) (*child, error) {
+// startChildLeveled is startChildEcho that logs each line of output as the
+// record that record makes of it (the line at debug when record is nil).
+func startChildLeveled(name string, cmd *exec.Cmd, log *slog.Logger, echo io.Writer, record func(line string) (slog.Level, string, []any)) (*child, error) {
 	c := &child{
 		name: name,
 		cmd:  cmd,
-		out:  &lineLogger{log: log, component: name, echo: echo, level: level},
+		out:  &lineLogger{log: log, component: name, echo: echo, record: record},
 		log:  log,
 		done: make(chan struct{}),
 	}
@@ -134,7 +134,9 @@ func (c *child) stop(sig syscall.Signal, grace time.Duration) error {
 	c.stopOnce.Do(func() {
 		if c.exited() {
 			// It died on its own earlier; report that rather than pretend a
-			// clean stop.
+			// clean stop. What it started may live on (postgres backends,
+			// which would keep its shared memory from a restart).
+			_ = syscall.Kill(-c.pid(), syscall.SIGKILL)
 			if c.waitErr != nil {
 				c.stopErr = c.exitError()
 			}
@@ -222,8 +224,9 @@ type lineLogger struct {
 	log       *slog.Logger
 	component string
 	echo      io.Writer
-	// level, if set, is the level a line is logged at; else debug.
-	level func(line string) slog.Level
+	// record, if set, makes a line into the record logged: its level,
+	// message and attributes; else the line is the message, at debug.
+	record func(line string) (slog.Level, string, []any)
 
 	mu      sync.Mutex
 	partial []byte
@@ -260,11 +263,11 @@ func (l *lineLogger) emit(line string) {
 	if strings.TrimSpace(line) == "" {
 		return
 	}
-	lvl := slog.LevelDebug
-	if l.level != nil {
-		lvl = l.level(line)
+	lvl, msg, attrs := slog.LevelDebug, line, []any(nil)
+	if l.record != nil {
+		lvl, msg, attrs = l.record(line)
 	}
-	l.log.Log(context.Background(), lvl, line, "component", l.component)
+	l.log.Log(context.Background(), lvl, msg, append(attrs, "component", l.component)...)
 	if l.echo != nil {
 		_, _ = io.WriteString(l.echo, line+"\n")
 	}

@@ -2,30 +2,46 @@ package localstack
 
 import (
 	"bytes"
+	"encoding/json"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
-// TestNATSChildWarningsKeepTheirLevel: a warning or an error of the NATS
-// child, in either of log/slog's forms, is logged here at its level; the rest
-// of its output at debug.
-func TestNATSChildWarningsKeepTheirLevel(t *testing.T) {
-	for line, want := range map[string]slog.Level{
-		`time=2026-11-22T23:25:08.906Z level=WARN msg="JetStream resource limits" component=nats`: slog.LevelWarn,
-		`time=2026-11-22T23:25:08.906Z level=ERROR msg="write failed" component=nats`:             slog.LevelError,
-		`{"time":"2026-11-22T23:25:08.906Z","level":"WARN","msg":"slow consumer"}`:                slog.LevelWarn,
-		`{"time":"2026-11-22T23:25:08.906Z","level":"ERROR","msg":"store failed"}`:                slog.LevelError,
-		`time=2026-11-22T23:25:08.906Z level=INFO msg="nats started" component=nats`:              slog.LevelDebug,
-		`a line of no form msg="level=WARNING"`:                                                   slog.LevelDebug,
-	} {
-		assert.Equal(t, want, childLogLevel(line), line)
-	}
+// TestNATSChildLinesAreOneRecordEach: what the NATS child logs (its JSON
+// records, as RunNATS with --log json writes them) is logged here as one
+// record each, with its message and attributes as they were, not wrapped
+// whole in another record's message; its warnings and errors at their level,
+// the rest at debug. A line that is no record is logged whole.
+func TestNATSChildLinesAreOneRecordEach(t *testing.T) {
+	var child bytes.Buffer
+	childLog := childLogger(&child, slog.New(slog.NewTextHandler(&bytes.Buffer{}, &slog.HandlerOptions{Level: slog.LevelInfo}))).With("component", "nats")
+	childLog.Warn("JetStream resource limits", "max_mem", 1<<30, "dir", `/tmp/a "b"`)
+	childLog.Error("write failed", "err", "disk full")
+	childLog.Info("server ready")
+	childLog.Debug("not logged: the child's level follows its parent's")
 
 	var out bytes.Buffer
-	l := &lineLogger{log: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo})), component: "nats", level: childLogLevel}
-	_, _ = l.Write([]byte("time=x level=INFO msg=ready\ntime=x level=WARN msg=careful\n"))
-	assert.NotContains(t, out.String(), "msg=ready", "info lines stay at debug")
-	assert.Contains(t, out.String(), `level=WARN msg="time=x level=WARN msg=careful" component=nats`)
+	parent := slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	l := &lineLogger{log: parent, component: "nats", record: childRecord}
+	_, _ = l.Write(child.Bytes())
+	_, _ = l.Write([]byte("time=x level=WARN msg=\"a text line\"\npanic: runtime error\n"))
+
+	var records []map[string]any
+	for line := range strings.Lines(out.String()) {
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		delete(r, "time")
+		records = append(records, r)
+	}
+	assert.Equal(t, []map[string]any{
+		{"level": "WARN", "msg": "JetStream resource limits", "max_mem": float64(1 << 30), "dir": `/tmp/a "b"`, "component": "nats"},
+		{"level": "ERROR", "msg": "write failed", "err": "disk full", "component": "nats"},
+		{"level": "DEBUG", "msg": "server ready", "component": "nats"},
+		{"level": "WARN", "msg": `time=x level=WARN msg="a text line"`, "component": "nats"},
+		{"level": "DEBUG", "msg": "panic: runtime error", "component": "nats"},
+	}, records)
 }

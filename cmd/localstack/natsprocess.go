@@ -2,6 +2,7 @@ package localstack
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -79,7 +80,8 @@ func startNATSProcessOnce(ctx context.Context, argv []string, cfg NATSConfig, lo
 		}
 	}
 	args := append(append([]string(nil), argv[1:]...), cfg.args()...)
-	proc, err := startChildLeveled("nats", exec.Command(argv[0], args...), log, nil, childLogLevel)
+	args = append(args, "--log", "json")
+	proc, err := startChildLeveled("nats", exec.Command(argv[0], args...), log, nil, childRecord)
 	if err != nil {
 		return nil, err
 	}
@@ -91,17 +93,82 @@ func startNATSProcessOnce(ctx context.Context, argv []string, cfg NATSConfig, lo
 	return n, nil
 }
 
-// childLogLevel is the level at which a line of the NATS child's log is
-// logged here: its warnings and errors at theirs (in the text or JSON form of
-// log/slog), so that they are seen as they were when the server ran inside
-// this process; the rest at debug, as Redis's and Postgres's output.
+// childRecord makes a line of the NATS child's log, a JSON record of
+// log/slog (RunNATS with --log json), into one record here, as if the server
+// ran inside this process: its message and attributes as they were, its
+// warnings and errors at their level, the rest at debug, as Redis's and
+// Postgres's output. A line that is no such record (one its caller logged
+// before RunNATS, a panic's trace) is logged whole, at the level its text
+// names when it is a warning or an error.
+func childRecord(line string) (slog.Level, string, []any) {
+	level, msg, attrs, ok := jsonRecord(line)
+	if !ok {
+		return childLogLevel(line), line, nil
+	}
+	if level < slog.LevelWarn {
+		level = slog.LevelDebug
+	}
+	return level, msg, attrs
+}
+
+// jsonRecord reads a record of slog's JSON handler, keeping its attributes'
+// order; the time is left out (the record is logged again now) and so is
+// the component (the child's logger names it).
+func jsonRecord(line string) (level slog.Level, msg string, attrs []any, ok bool) {
+	dec := json.NewDecoder(strings.NewReader(line))
+	dec.UseNumber()
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return 0, "", nil, false
+	}
+	var hasMsg bool
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return 0, "", nil, false
+		}
+		key, _ := t.(string)
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			return 0, "", nil, false
+		}
+		switch key {
+		case slog.TimeKey, "component":
+		case slog.LevelKey:
+			s, _ := v.(string)
+			if level.UnmarshalText([]byte(s)) != nil {
+				return 0, "", nil, false
+			}
+		case slog.MessageKey:
+			msg, hasMsg = v.(string)
+		default:
+			attrs = append(attrs, key, v)
+		}
+	}
+	return level, msg, attrs, hasMsg
+}
+
+// childLogLevel is the level of a line in log/slog's text form: a warning
+// or an error at its level, the rest at debug.
 func childLogLevel(line string) slog.Level {
 	for _, l := range []slog.Level{slog.LevelError, slog.LevelWarn} {
-		if strings.Contains(line, "level="+l.String()+" ") || strings.Contains(line, `"level":"`+l.String()+`"`) {
+		if strings.Contains(line, "level="+l.String()+" ") {
 			return l
 		}
 	}
 	return slog.LevelDebug
+}
+
+// childLogger is the log of a NATS child: JSON records on w, one a line,
+// at the levels like enables, which its parent reads (childRecord).
+func childLogger(w io.Writer, like *slog.Logger) *slog.Logger {
+	level := slog.LevelError
+	for _, l := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn} {
+		if like.Enabled(context.Background(), l) {
+			level = l
+			break
+		}
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
 // ping connects and asks for the JetStream account: the server is up and its
@@ -127,6 +194,9 @@ func (n *NATSProcess) ClientURL() string {
 
 // PID is the child's process id.
 func (n *NATSProcess) PID() int { return n.proc.pid() }
+
+// Port is the client port the server listens on.
+func (n *NATSProcess) Port() int { return n.port }
 
 // Stop asks the server to shut down (SIGTERM), waits for it and kills it if
 // it takes too long. It is idempotent.
@@ -164,6 +234,8 @@ func RunNATS(ctx context.Context, args []string, def NATSConfig, stderr io.Write
 		cfg.Host = loopback
 	}
 	var maxPayload int
+	format := "text"
+	fs.StringVar(&format, "log", format, "log format: text (log as given), or json for StartNATSProcess to read")
 	fs.StringVar(&cfg.Dir, "dir", cfg.Dir, "JetStream store directory")
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "listen address")
 	fs.IntVar(&cfg.Port, "port", cfg.Port, "client port; 0 picks a free one")
@@ -190,6 +262,13 @@ func RunNATS(ctx context.Context, args []string, def NATSConfig, stderr io.Write
 		return fmt.Errorf("nats: --max-payload %d is not between 0 and 64 MiB", maxPayload)
 	}
 	cfg.MaxPayload = int32(maxPayload)
+	switch format {
+	case "text":
+	case "json":
+		log = childLogger(stderr, log)
+	default:
+		return fmt.Errorf("nats: --log %q is not text or json", format)
+	}
 	ns, err := StartNATS(cfg, log)
 	if err != nil {
 		return err
@@ -198,3 +277,10 @@ func RunNATS(ctx context.Context, args []string, def NATSConfig, stderr io.Write
 	ns.Shutdown()
 	return nil
 }
+
+// Done is closed once the server's process has exited.
+func (n *NATSProcess) Done() <-chan struct{} { return n.proc.done }
+
+// ExitError describes how the server's process exited, with its last output
+// lines; it waits for the exit.
+func (n *NATSProcess) ExitError() error { return n.proc.exitError() }

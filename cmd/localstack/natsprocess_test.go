@@ -1,12 +1,16 @@
 package localstack_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,6 +63,7 @@ func TestRunNATSRejectsBadFlags(t *testing.T) {
 		{"payload", []string{"--dir", t.TempDir(), "--max-payload", "-1"}, "--max-payload -1"},
 		{"stray argument", []string{"--dir", t.TempDir(), "extra"}, "unexpected arguments"},
 		{"unknown flag", []string{"--dir", t.TempDir(), "--nope"}, "not defined"},
+		{"log format", []string{"--dir", t.TempDir(), "--log", "xml"}, `--log "xml"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := localstack.RunNATS(context.Background(), tc.args, localstack.NATSConfig{}, io.Discard, quiet)
@@ -82,4 +87,48 @@ func TestNATSProcessWaitsForItsFixedPort(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.Stop() })
 	assert.Equal(t, "nats://127.0.0.1:"+strconv.Itoa(port), n.ClientURL())
+}
+
+// TestNATSProcessLogsOneRecordALine: the child's log lines reach this
+// process's log as records of their own, not wrapped whole in the message of
+// another.
+func TestNATSProcessLogsOneRecordALine(t *testing.T) {
+	t.Parallel()
+	var out syncBuffer
+	log := slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	n, err := localstack.StartNATSProcess(t.Context(), natsArgv(), localstack.NATSConfig{Dir: t.TempDir()}, log)
+	require.NoError(t, err)
+	require.NoError(t, n.Stop())
+
+	var ready bool
+	for line := range strings.Lines(out.String()) {
+		var r struct{ Level, Msg, Component string }
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		assert.NotContains(t, r.Msg, "level=", "a record wrapped in another: %s", line)
+		assert.False(t, strings.HasPrefix(r.Msg, "{"), "a record wrapped in another: %s", line)
+		if r.Msg == "Server is ready" {
+			ready = true
+			assert.Equal(t, "DEBUG", r.Level, "the child's notices are at debug here")
+			assert.Equal(t, "nats", r.Component)
+		}
+	}
+	assert.True(t, ready, "the child's notice that it is ready is logged:\n%s", out.String())
+}
+
+// syncBuffer is a bytes.Buffer for a logger that goroutines share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -62,6 +62,12 @@ func pngBytes(t *testing.T, w, h int) []byte {
 	return b.Bytes()
 }
 
+// gifScreen is a GIF header declaring a w×h screen and nothing else: all
+// that reading an image's size looks at.
+func gifScreen(w, h uint16) []byte {
+	return []byte{'G', 'I', 'F', '8', '9', 'a', byte(w), byte(w >> 8), byte(h), byte(h >> 8), 0, 0, 0}
+}
+
 func jpegBytes(t *testing.T, w, h int) []byte {
 	t.Helper()
 	var b bytes.Buffer
@@ -190,7 +196,8 @@ func TestSaveRejects(t *testing.T) {
 		{"truncated png header", validPNG[:20], domain.ErrUnsupportedMedia, "starts like a PNG image but its header is unreadable"},
 		{"jpeg magic then garbage", append([]byte{0xff, 0xd8, 0xff}, []byte("garbage")...), domain.ErrUnsupportedMedia, "starts like a JPEG image"},
 		{"empty", nil, domain.ErrInvalid, "image is empty"},
-		{"too wide", pngBytes(t, media.MaxSide+1, 1), domain.ErrInvalid, "image is 20001x1 pixels"},
+		{"too wide", pngBytes(t, media.MaxSide+1, 1), domain.ErrInvalid, "image is 10001x1 pixels; the limit is 10000 a side and 40 megapixels"},
+		{"too many pixels", gifScreen(7000, 7000), domain.ErrInvalid, "image is 7000x7000 pixels"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -203,6 +210,19 @@ func TestSaveRejects(t *testing.T) {
 			assert.Empty(t, files(t, root), "a rejected upload leaves nothing behind")
 		})
 	}
+}
+
+// TestSaveAcceptsImagesAtTheBound: the largest images by their headers are
+// accepted, one pixel more is not (TestSaveRejects).
+func TestSaveAcceptsImagesAtTheBound(t *testing.T) {
+	d, _ := newDir(t)
+	for _, size := range [][2]uint16{{media.MaxSide, media.MaxPixels / media.MaxSide}, {media.MaxPixels / media.MaxSide, media.MaxSide}} {
+		img, err := d.Save(t.Context(), bytes.NewReader(gifScreen(size[0], size[1])), limit)
+		require.NoError(t, err)
+		assert.Equal(t, [2]int{int(size[0]), int(size[1])}, [2]int{img.Width, img.Height})
+	}
+	_, err := d.Save(t.Context(), bytes.NewReader(gifScreen(media.MaxSide, media.MaxPixels/media.MaxSide+1)), limit)
+	require.ErrorIs(t, err, domain.ErrInvalid)
 }
 
 func TestSaveSizeLimit(t *testing.T) {
@@ -328,15 +348,13 @@ func TestOpenUnknownOrMalformedKeyIsNotFound(t *testing.T) {
 	}
 }
 
-func TestRemoveOrphans(t *testing.T) {
+// TestDirRemoveTakesTemporaryFilesToo: Remove also deletes what interrupted
+// saves left before the cutoff, and nothing it does not recognise.
+func TestDirRemoveTakesTemporaryFilesToo(t *testing.T) {
 	d, root := newDir(t)
 	kept, err := d.Save(t.Context(), bytes.NewReader(pngBytes(t, 1, 1)), limit)
 	require.NoError(t, err)
 	orphan, err := d.Save(t.Context(), bytes.NewReader(pngBytes(t, 2, 2)), limit)
-	require.NoError(t, err)
-	reuploaded, err := d.Save(t.Context(), bytes.NewReader(pngBytes(t, 3, 3)), limit)
-	require.NoError(t, err)
-	fresh, err := d.Save(t.Context(), bytes.NewReader(pngBytes(t, 4, 4)), limit)
 	require.NoError(t, err)
 	// Left by interrupted saves: in a first-level shard, and (an older
 	// version's) in the top directory.
@@ -349,26 +367,18 @@ func TestRemoveOrphans(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(root, deep), []byte("?"), 0o600))
 	unknown := filepath.Join(root, "README")
 	require.NoError(t, os.WriteFile(unknown, []byte("operator notes"), 0o644))
-
 	old := time.Now().Add(-2 * time.Hour)
-	for _, p := range []string{
-		shardPath(kept.Key), shardPath(orphan.Key), shardPath(reuploaded.Key), "7f/.upload-456", ".upload-123", deep, "README",
-	} {
+	for _, p := range []string{shardPath(kept.Key), shardPath(orphan.Key), "7f/.upload-456", ".upload-123", deep, "README"} {
 		require.NoError(t, os.Chtimes(filepath.Join(root, p), old, old))
 	}
-	// Uploading the same bytes again makes the image as fresh as a new one.
-	_, err = d.Save(t.Context(), bytes.NewReader(pngBytes(t, 3, 3)), limit)
+
+	got, err := d.Remove(t.Context(), []string{orphan.Key}, time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 
-	removed, err := d.RemoveOrphans(t.Context(), time.Hour, func(key string) bool { return key == kept.Key })
-	require.NoError(t, err)
-
-	assert.Equal(t, 3, removed)
-	want := []string{"README", deep, shardPath(kept.Key), shardPath(reuploaded.Key), shardPath(fresh.Key)}
+	assert.Equal(t, media.Reclaimed{Images: 1, Bytes: orphan.Size + 2*int64(len("partial"))}, got)
+	want := []string{"README", deep, shardPath(kept.Key)}
 	sort.Strings(want)
 	assert.Equal(t, want, files(t, root))
-	_, _, err = d.Open(t.Context(), orphan.Key)
-	assert.ErrorIs(t, err, domain.ErrNotFound)
 }
 
 // endless is a body that never ends.

@@ -10,6 +10,7 @@ import (
 	"image/jpeg"
 	"image/png"
 	"io"
+	"time"
 
 	"golang.org/x/image/webp"
 )
@@ -49,9 +50,34 @@ type Store interface {
 	Sync(ctx context.Context) error
 }
 
-// MaxSide is the largest width or height, in pixels, an image may declare.
-// Headers can claim any size; this bounds what clients that decode them allocate.
-const MaxSide = 20000
+// Stored is an image as a store holds it, for collecting those no post
+// references.
+type Stored struct {
+	Key  string
+	Size int64
+	// Saved is when the image was last saved: a later Save of the same bytes
+	// moves it, so that an upload whose post is still on its way to the log
+	// is never taken for an old one.
+	Saved time.Time
+}
+
+// Reclaimed is what a removal of images took from a store.
+type Reclaimed struct {
+	// Images is how many images were removed.
+	Images int
+	// Bytes is how much smaller the store's files are.
+	Bytes int64
+}
+
+// The largest image accepted, by what its header declares: a header can
+// claim any size in a few bytes, and every client that shows the image
+// allocates for its pixels (40 megapixels are 160 MB decoded).
+const (
+	// MaxSide is the largest width or height, in pixels.
+	MaxSide = 10_000
+	// MaxPixels is the largest width × height.
+	MaxPixels = 40_000_000
+)
 
 // format is one accepted image type. The decoders are called directly rather
 // than through image.DecodeConfig so that formats other packages register

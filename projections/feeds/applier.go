@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -119,13 +120,19 @@ func (a *Applier) Run(ctx context.Context) error {
 }
 
 func (a *Applier) runPartition(ctx context.Context, part int) error {
-	backoff := 50 * time.Millisecond
+	const firstBackoff = 50 * time.Millisecond
+	backoff := firstBackoff
 	for ctx.Err() == nil {
 		err := a.consume(ctx, part)
 		if err == nil || ctx.Err() != nil {
 			// Stopping: the error, if any, is the shutdown's own.
 			return nil //nolint:nilerr // an error caused by shutdown is not a failure
 		}
+		if errors.Is(err, projections.ErrGap) {
+			// Work lost on the way: the server is there, so read again at once.
+			backoff = firstBackoff
+		}
+		a.metrics.Rewound(AppliersName, projections.RewindCause(err))
 		a.logger.Warn("applier retries", "partition", part, "err", err, "after", backoff)
 		select {
 		case <-time.After(backoff):
@@ -177,20 +184,44 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 	}
 	defer msgs.Stop()
 	defer context.AfterFunc(ctx, msgs.Stop)()
+	w := &lostWork{cons: cons, stop: msgs.Stop}
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	var watching sync.WaitGroup
+	watching.Go(func() { w.watch(watchCtx) })
+	defer watching.Wait()
+	defer stopWatching()
 	a.running.Add(1)
 	defer a.running.Add(-1)
 	round := func(d time.Duration) { a.metrics.Staged(AppliersName, "round", d) }
+	// delivered counts the consumer's deliveries: each must be the next, or
+	// one was lost on the way (with a connection or a node) and the work after
+	// it would overtake it; the next start delivers the oldest work again.
+	var delivered uint64
 	for ctx.Err() == nil {
 		asked := time.Now()
+		w.touch()
+		w.holding.Store(false)
 		msg, err := msgs.Next()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
+			if w.found.Load() {
+				return fmt.Errorf("%w: work for this applier, or its request for work, was lost on the way", projections.ErrGap)
+			}
 			return fmt.Errorf("fetch work: %w", err)
 		}
+		w.holding.Store(true)
 		got := time.Now()
 		a.metrics.Staged(AppliersName, "fetch", got.Sub(asked))
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("work metadata: %w", err)
+		}
+		if meta.Sequence.Consumer != delivered+1 {
+			return fmt.Errorf("%w: work delivery %d came where %d was expected", projections.ErrGap, meta.Sequence.Consumer, delivered+1)
+		}
+		delivered++
 		var items []Item
 		v, err := workVersion(msg)
 		if err == nil {
@@ -234,6 +265,51 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 		}
 	}
 	return nil
+}
+
+// lostWork notices work, or the applier's request for it, lost on the way
+// (sent to a connection or through a node that was lost). Work delivered and
+// lost is pending acknowledgement, and with workAhead of it pending the
+// server delivers nothing more until its ack wait ends, a minute later; a
+// lost request leaves the client waiting for work the server never sends
+// until the request expires. An applier that holds no work and has heard
+// nothing for lostAfter while its consumer has work, delivered or not, is
+// stopped, and its next start delivers that work.
+type lostWork struct {
+	cons jetstream.Consumer
+	stop func()
+	// last is when the applier last began to wait for work (unix nanos).
+	last    atomic.Int64
+	holding atomic.Bool
+	found   atomic.Bool
+}
+
+// lostAfter is how long an idle applier waits before it asks whether work
+// was lost on the way: longer than an acknowledgement takes to arrive.
+const lostAfter = 2 * time.Second
+
+func (w *lostWork) touch() { w.last.Store(time.Now().UnixNano()) }
+
+func (w *lostWork) watch(ctx context.Context) {
+	tick := time.NewTicker(lostAfter / 2)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if w.holding.Load() || time.Since(time.Unix(0, w.last.Load())) < lostAfter {
+			continue
+		}
+		info, err := w.cons.Info(ctx)
+		if err != nil || info.NumAckPending == 0 && info.NumPending == 0 {
+			continue // a consumer that cannot be asked fails the fetch itself
+		}
+		w.found.Store(true)
+		w.stop()
+		return
+	}
 }
 
 // Position is how far the home feeds reflect the log: every event at or below

@@ -71,6 +71,9 @@ type PlannerConfig struct {
 	// runs when they were the dearest. 0 (the zero value, for tests that
 	// run a planner without appliers) never waits.
 	PendingWork int
+	// Replicas is the fan-out stream's replication factor, as the log's;
+	// default 1.
+	Replicas int
 
 	// version pins a rebuild's planner to its keyspace version and fanout to
 	// its own stream; the live planner (version 0) follows the version in use.
@@ -148,6 +151,7 @@ func (p *Planner) EnsureStream(ctx context.Context) error {
 		Subjects:    []string{p.cfg.fanout.Subject + ".>"},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
+		Replicas:    max(p.cfg.Replicas, 1),
 		Duplicates:  10 * time.Minute,
 		// Reads look at the oldest message's header for the feeds' position
 		// (positionAfter): a direct get returns it as it is stored, where the
@@ -156,7 +160,7 @@ func (p *Planner) EnsureStream(ctx context.Context) error {
 		AllowDirect: true,
 	})
 	if err != nil {
-		return fmt.Errorf("fan-out stream: %w", err)
+		return fmt.Errorf("fan-out stream: %w", events.Classify(err))
 	}
 	return nil
 }
