@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -81,7 +82,7 @@ func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceR
 	rdb := redis.NewClient(&redis.Options{Addr: rd.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rig.store = feeds.NewStore(rdb, feeds.Config{})
-	planner := feeds.NewPlanner(rig.store, projLog.JetStream(), feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}, nil)
+	planner := feeds.NewPlanner(rig.store, projLog.JetStream(), feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7, Replicas: projLog.Replicas()}, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	for u := range onceUsers {
 		require.NoError(t, rig.store.RequestMaterialise(ctx, domain.UserID(u+1)))
@@ -202,15 +203,29 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) settled {
 		return err == nil
 	}, timeout, 50*time.Millisecond, "the log's head")
 	t.Logf("settling at %d: %d appends answered, %d failed", head, rig.appended.Load(), rig.failed.Load())
-	var feedsAt uint64
-	deadline := time.Now().Add(timeout)
+	var feedsAt, reported uint64
+	start := time.Now()
+	deadline, report, stalled := start.Add(timeout), start, 0
 	for rig.readRun.Position() < head || rig.planRun.Position() < head || feedsAt < head {
+		if time.Since(report) >= 2*time.Second {
+			report = time.Now()
+			t.Logf("settling, at %s: %s, feeds at %d", since(start), rig.positions(), feedsAt)
+			// Work planned and not applied for a while: say where the
+			// appliers wait, once.
+			if stalled++; feedsAt > reported || rig.planRun.Position() <= feedsAt {
+				stalled = 0
+			}
+			if stalled == 3 {
+				t.Logf("the feeds stay at %d: %s\nwhere the appliers are:\n%s", feedsAt, rig.fanoutState(ctx), stacksOf("feeds.(*Applier)"))
+			}
+			reported = feedsAt
+		}
 		if time.Now().After(deadline) {
 			if rig.readRun.Position() < head {
 				t.Fatalf("the read model did not reach the head %d within %s: %s", head, timeout, rig.positions())
 			}
-			t.Errorf("the feeds did not reach the head %d within %s: %s, feeds at %d; %s",
-				head, timeout, rig.positions(), feedsAt, rig.fanoutState(ctx))
+			t.Errorf("the feeds did not reach the head %d within %s: %s, feeds at %d; %s\nwhere the appliers are:\n%s",
+				head, timeout, rig.positions(), feedsAt, rig.fanoutState(ctx), stacksOf("feeds.(*Applier)"))
 			return settled{planner: rig.planRun.Position() >= head}
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -218,8 +233,22 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) settled {
 			feedsAt = pos
 		}
 	}
-	t.Logf("settled in %s", since(deadline.Add(-timeout)))
+	t.Logf("settled in %s", since(start))
 	return settled{planner: true, feeds: true}
+}
+
+// stacksOf is the stacks of this process's goroutines that pass through fn,
+// for a failure to make progress.
+func stacksOf(fn string) string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, fn) {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
 
 // fanoutState describes the fan-out stream and its consumers, for a failure
@@ -307,7 +336,7 @@ func (rig *onceRig) checkInboxes(t *testing.T, store *feeds.Store) {
 	require.NoError(t, err)
 	for u := range onceUsers {
 		user := domain.UserID(u + 1)
-		inbox, floor, _, ok, err := store.Inbox(ctx, user)
+		inbox, floor, seq, ok, err := store.Inbox(ctx, user)
 		require.NoError(t, err)
 		if !ok {
 			t.Errorf("user %d: no inbox", user)
@@ -331,10 +360,52 @@ func (rig *onceRig) checkInboxes(t *testing.T, store *feeds.Store) {
 			}
 		}
 		if !slices.Equal(wantIDs, haveIDs) {
-			t.Errorf("user %d: the inbox above its floor %d is not the pull feed: %d posts missing %v, %d extra %v",
-				user, floor, len(minus(wantIDs, haveIDs)), firstOf(minus(wantIDs, haveIDs)), len(minus(haveIDs, wantIDs)), firstOf(minus(haveIDs, wantIDs)))
+			missing, extra := minus(wantIDs, haveIDs), minus(haveIDs, wantIDs)
+			t.Errorf("user %d: the inbox above its floor %d (at %d) is not the pull feed: %d posts missing %v, %d extra %v%s",
+				user, floor, seq, len(missing), firstOf(missing), len(extra), firstOf(extra), rig.history(t, user, append(firstOf(missing), firstOf(extra)...)))
 		}
 	}
+}
+
+// history finds in the log the events of posts and the follows and unfollows
+// between user and their authors, for a failure's message.
+func (rig *onceRig) history(t *testing.T, user domain.UserID, posts []domain.PostID) string {
+	t.Helper()
+	type line struct {
+		text     string
+		followee domain.UserID // of a follow or unfollow
+	}
+	authors := map[domain.UserID]bool{}
+	var lines []line
+	require.NoError(t, rig.log.Read(context.Background(), events.ReadOptions{StopAtEnd: true}, func(r events.Record) error {
+		switch ev := r.Event.(type) {
+		case events.PostCreated:
+			if slices.Contains(posts, ev.PostID) {
+				authors[ev.UserID] = true
+				lines = append(lines, line{text: fmt.Sprintf("%d: %d posts %d", r.Seq, ev.UserID, ev.PostID)})
+			}
+		case events.PostDeleted:
+			if slices.Contains(posts, ev.PostID) {
+				lines = append(lines, line{text: fmt.Sprintf("%d: %d deletes %d", r.Seq, ev.UserID, ev.PostID)})
+			}
+		case events.UserFollowed:
+			if ev.FollowerID == user {
+				lines = append(lines, line{fmt.Sprintf("%d: %d follows %d", r.Seq, user, ev.FolloweeID), ev.FolloweeID})
+			}
+		case events.UserUnfollowed:
+			if ev.FollowerID == user {
+				lines = append(lines, line{fmt.Sprintf("%d: %d unfollows %d", r.Seq, user, ev.FolloweeID), ev.FolloweeID})
+			}
+		}
+		return nil
+	}))
+	var b strings.Builder
+	for _, l := range lines {
+		if l.followee == 0 || authors[l.followee] {
+			b.WriteString("\n\t" + l.text)
+		}
+	}
+	return b.String()
 }
 
 func minus(a, b []domain.PostID) []domain.PostID {
@@ -432,7 +503,9 @@ func TestNoEventSkippedWhenTheProjectorsNodeOrTheLeaderIsKilled(t *testing.T) {
 		urls[i] = proxies[i].URL()
 	}
 	rig := newOnceRig(t, c.URLs(), strings.Join(urls, ","), 3)
-	stopLoad := rig.load(4, 5*time.Millisecond)
+	// A lighter load than on one server: the appliers apply work from a
+	// replicated stream, synced on every node.
+	stopLoad := rig.load(3, 15*time.Millisecond)
 	defer stopLoad()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("kill points seeded with %d", seed)
