@@ -539,7 +539,7 @@ func TestNoEventSkippedWhenTheProjectorsNodeOrTheLeaderIsKilled(t *testing.T) {
 		c.WaitForStreamCurrent(victim, "FEED_EVENTS", 20*time.Second)
 	}
 	stopLoad()
-	rig.check(t, rig.settle(t, 20*time.Second))
+	rig.check(t, rig.settle(t, 30*time.Second))
 }
 
 // TestNoEventSkippedWhenTheProjectorsConnectionIsCut is the test above on one
@@ -571,5 +571,5 @@ func TestNoEventSkippedWhenTheProjectorsConnectionIsCut(t *testing.T) {
 		}
 	}
 	stopLoad()
-	rig.check(t, rig.settle(t, 20*time.Second))
+	rig.check(t, rig.settle(t, 30*time.Second))
 }
