@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/domain"
 	feedhttp "github.com/feedproject/feed/http"
 )
@@ -25,18 +26,18 @@ import (
 func TestREADMEDocumentsEveryVariable(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
-	for _, v := range variables {
+	for _, v := range stack.Variables {
 		def := " |"
-		if v.def != "" {
-			def = fmt.Sprintf(" `%s` |", v.def)
+		if v.Default != "" {
+			def = fmt.Sprintf(" `%s` |", v.Default)
 		}
-		row := fmt.Sprintf("| `%s` |%s", v.name, def)
+		row := fmt.Sprintf("| `%s` |%s", v.Name, def)
 		assert.Contains(t, string(readme), row, "README lacks the row %q", row)
 	}
 }
 
 func TestDefaults(t *testing.T) {
-	cfg, err := parseConfig(func(string) string { return "" })
+	cfg, err := stack.Parse(func(string) string { return "" })
 	require.NoError(t, err)
 	assert.Equal(t, ":8080", cfg.HTTPAddr)
 	assert.Equal(t, ".data", cfg.DataDir)
@@ -61,7 +62,7 @@ func TestTokenMintsAVerifiableToken(t *testing.T) {
 	// Without a secret it signs with the one dev mode accepts, and says so.
 	out.Reset()
 	require.NoError(t, run(context.Background(), []string{"token", "--user", "7"}, func(string) string { return "" }, &out, &errOut))
-	auth, err = feedhttp.NewAuthenticator(devJWTSecret, nil)
+	auth, err = feedhttp.NewAuthenticator(stack.DevJWTSecret, nil)
 	require.NoError(t, err)
 	_, err = auth.Authenticate(strings.TrimSpace(out.String()))
 	require.NoError(t, err)
@@ -74,13 +75,13 @@ func TestTokenMintsAVerifiableToken(t *testing.T) {
 }
 
 func TestServeRefusesWithoutASecret(t *testing.T) {
-	cfg, err := parseConfig(func(string) string { return "" })
+	cfg, err := stack.Parse(func(string) string { return "" })
 	require.NoError(t, err)
-	_, err = cfg.jwtSecret(false)
+	_, err = cfg.TokenSecret(false)
 	require.Error(t, err)
-	secret, err := cfg.jwtSecret(true)
+	secret, err := cfg.TokenSecret(true)
 	require.NoError(t, err)
-	assert.Equal(t, devJWTSecret, secret)
+	assert.Equal(t, stack.DevJWTSecret, secret)
 }
 
 // TestServiceSetsItsGCTargetUnlessGOGCIs: the service runs its collector at

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
@@ -118,7 +119,7 @@ func TestReplayCommandRefusesWhileAnotherRuns(t *testing.T) {
 func TestAdminRebuildRoutes(t *testing.T) {
 	w := newReplayWorld(t)
 	ctx, cancel := context.WithCancel(t.Context())
-	cfg, err := parseConfig(w.env)
+	cfg, err := stack.Parse(w.env)
 	require.NoError(t, err)
 	log, js := openTestLog(t, w.stack.NATS.ClientURL())
 	b := newRebuilder(ctx, cfg, log, w.stack.Postgres.URL(), w.rdb, js, slog.New(slog.DiscardHandler))
@@ -126,7 +127,7 @@ func TestAdminRebuildRoutes(t *testing.T) {
 		cancel()
 		b.wait()
 	})
-	auth, err := feedhttp.NewAuthenticator(devJWTSecret, nil)
+	auth, err := feedhttp.NewAuthenticator(stack.DevJWTSecret, nil)
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
 	srv := feedhttp.NewServer(feedhttp.Deps{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg,

@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
@@ -63,7 +64,7 @@ func (in *infra) close() {
 // startInfra brings up (dev: starts) and connects to NATS, Redis and Postgres,
 // applies migrations and opens the event log. On error everything already started
 // is stopped again.
-func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, reg prometheus.Registerer) (_ *infra, err error) {
+func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger, reg prometheus.Registerer) (_ *infra, err error) {
 	in := &infra{}
 	defer func() {
 		if err != nil {
@@ -305,11 +306,11 @@ func setProcs(lookup func(string) (string, bool)) (int, bool) {
 // listpackEntries is Redis' zset-max-listpack-entries for the feeds: above the
 // inbox cap and a small inbox's five bookkeeping members, so every inbox stays
 // a listpack.
-func listpackEntries(cfg config) int { return max(1024, cfg.InboxCap+5) }
+func listpackEntries(cfg stack.Config) int { return max(1024, cfg.InboxCap+5) }
 
 // natsConfig is the NATS server that serve and dev run when NATS_URL is unset:
 // `feed nats`, a process of its own (localstack.StartNATSProcess).
-func natsConfig(cfg config) localstack.NATSConfig {
+func natsConfig(cfg stack.Config) localstack.NATSConfig {
 	return localstack.NATSConfig{
 		Dir:          filepath.Join(cfg.DataDir, "nats"),
 		Port:         cfg.NATSPort,
@@ -331,7 +332,7 @@ func logStop(logger *slog.Logger, what string, err error) {
 
 // serve runs the configured roles until ctx ends, then shuts down in order: stop
 // taking requests, finish in-flight work, disconnect, stop child processes.
-func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdout io.Writer) error {
+func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger, stdout io.Writer) error {
 	if pct, set := setGCPercent(os.LookupEnv); !set {
 		logger.Info("garbage collector target (GOGC, when set, takes precedence)", "gogc", pct)
 	}
@@ -354,7 +355,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	defer in.close()
 
-	secret, err := cfg.jwtSecret(dev)
+	secret, err := cfg.TokenSecret(dev)
 	if err != nil {
 		return err
 	}
@@ -362,7 +363,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	if err != nil {
 		return fmt.Errorf("FEED_JWT_SECRET: %w", err)
 	}
-	if secret == devJWTSecret {
+	if secret == stack.DevJWTSecret {
 		logger.Warn("using the development JWT secret; set FEED_JWT_SECRET outside development")
 	}
 	ids, err := domain.NewIDGenerator(cfg.NodeID)
@@ -371,7 +372,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	// The media store is the api role's: one process at a time may open a
 	// media directory.
-	api := slices.Contains(cfg.Roles, roleAPI)
+	api := slices.Contains(cfg.Roles, stack.RoleAPI)
 	var store media.Store
 	if api {
 		pack, err := media.NewPack(filepath.Join(cfg.DataDir, "media"))
@@ -389,7 +390,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	projMetrics := projections.NewMetrics(reg)
 	var runners []*projections.Runner
-	if slices.Contains(cfg.Roles, roleReadModel) {
+	if slices.Contains(cfg.Roles, stack.RoleReadModel) {
 		runners = append(runners, projections.NewRunner(in.log, readmodel.NewProjector(in.projectorPG, projMetrics),
 			projections.RunnerConfig{}, projMetrics, logger))
 	}
@@ -417,7 +418,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		planner  *feeds.Planner
 		appliers *feeds.Applier
 	)
-	if slices.Contains(cfg.Roles, rolePlanner) || slices.Contains(cfg.Roles, roleAppliers) {
+	if slices.Contains(cfg.Roles, stack.RolePlanner) || slices.Contains(cfg.Roles, stack.RoleAppliers) {
 		planner = feeds.NewPlanner(feedStore, in.js, feeds.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: in.log.Replicas()}, projMetrics)
 		if err := events.RetryUnavailable(ctx, logger, "create or update stream "+feeds.FanoutStream, func() error {
 			return planner.EnsureStream(ctx)
@@ -426,7 +427,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		}
 	}
 	var maintenance *feeds.Maintenance
-	if slices.Contains(cfg.Roles, rolePlanner) {
+	if slices.Contains(cfg.Roles, stack.RolePlanner) {
 		runners = append(runners, projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger))
 		maintenance = feeds.NewMaintenance(in.redis, feedStore, planner, feeds.MaintenanceConfig{Batch: cfg.MaintenanceRate}, logger)
 	}
@@ -434,7 +435,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		Name: "feed_inbox_repairs_total",
 		Help: "Inbox entries the maintenance round had to repair (ghosts, missing posts, over-long inboxes); zero in a correct system.",
 	}, func() float64 { return float64(feedStore.Repairs()) }))
-	if slices.Contains(cfg.Roles, roleAppliers) {
+	if slices.Contains(cfg.Roles, stack.RoleAppliers) {
 		all := make([]int, cfg.Partitions)
 		for i := range all {
 			all[i] = i
@@ -520,7 +521,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	if appliers != nil {
 		g.Go(func() error { return appliers.Run(projCtx) })
 	}
-	if slices.Contains(cfg.Roles, rolePlanner) {
+	if slices.Contains(cfg.Roles, stack.RolePlanner) {
 		g.Go(func() error { return materialiseLoop(projCtx, planner, logger) })
 		g.Go(func() error { return maintenance.Run(projCtx) })
 	}

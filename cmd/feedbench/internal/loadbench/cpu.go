@@ -76,7 +76,7 @@ func parseCPULine(line string) (cpuTicks, error) {
 
 // kdamondCPU is the CPU time the kernel's DAMON monitors (its kdamond
 // threads) have used, from the proc file system at root: their sampling
-// takes the CPU from whatever runs on it (README, Session 28). ok is false
+// takes the CPU from whatever runs on it. ok is false
 // when none runs.
 func kdamondCPU(root fs.FS) (d time.Duration, ok bool) {
 	entries, err := fs.ReadDir(root, "proc")

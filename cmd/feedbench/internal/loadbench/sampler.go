@@ -137,10 +137,8 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1, NATSCPU: -1, KernelCPU: -1, BenchCPU: -1,
 		StealCPU: -1, DAMONCPU: -1,
 	}
-	if !s.r.target.InProcess {
-		if v, err := selfCPU(); err == nil {
-			smp.BenchCPU = cpuRate("bench", v, prev, &next, secs)
-		}
+	if v, err := selfCPU(); err == nil {
+		smp.BenchCPU = cpuRate("bench", v, prev, &next, secs)
 	}
 	if t, err := machineCPU(); err == nil {
 		next.machine = t

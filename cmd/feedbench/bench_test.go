@@ -23,17 +23,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/feed/internal/loadbench"
+	"github.com/feedproject/feed/cmd/feedbench/internal/loadbench"
 	"github.com/feedproject/feed/cmd/localstack"
 )
 
 // TestBenchReportsEveryFigure runs a short bench against a stack it starts (on
-// the harness's servers), as a process of its own and in the bench's process
-// with profiles, and checks the report has every figure the issue asks for,
-// measured. In its own process the service starts its NATS server as `feed
+// the harness's servers), profiled, and checks the report has every figure
+// the bench promises, measured. The service starts its NATS server as `feed
 // dev` does (a child process), whose CPU and memory the bench then reports.
 func TestBenchReportsEveryFigure(t *testing.T) {
-	t.Run("own process, profiled", func(t *testing.T) {
+	t.Run("profiled", func(t *testing.T) {
 		out, stderr := benchReport(t, true, "--cpuprofile", "--trace", "300ms")
 		assert.Contains(t, stderr, "bench: started the service as process")
 		for _, phase := range []string{"mixed", "reads"} {
@@ -47,9 +46,9 @@ func TestBenchReportsEveryFigure(t *testing.T) {
 			}
 		}
 	})
-	t.Run("in process", func(t *testing.T) {
-		out, stderr := benchReport(t, false, "--in-process")
-		assert.Contains(t, stderr, "bench: starting the service in this process")
+	t.Run("harness's NATS, unprofiled", func(t *testing.T) {
+		out, stderr := benchReport(t, false)
+		assert.Contains(t, stderr, "bench: started the service as process")
 		assert.NoFileExists(t, filepath.Join(out, "cpu-mixed.pprof"))
 		assert.NoFileExists(t, filepath.Join(out, "trace-mixed.out"))
 	})
@@ -79,7 +78,7 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 	env := stackEnv(localstack.ForTest(t), extra)
 	out = t.TempDir()
 	var stdout, stderr syncBuffer
-	err := run(t.Context(), append([]string{"bench",
+	err := run(t.Context(), append([]string{"--feed", feedBin(t),
 		"--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30", "--big-post-share", "0.2",
 		"--post-rate", "40", "--follow-rate", "10", "--like-rate", "20", "--comment-rate", "10",
 		"--read-rate", "40", "--cached-read-rate", "100", "--fresh-rate", "20",
@@ -167,13 +166,13 @@ func TestBenchRefusesOtherMachinesAndBadFlags(t *testing.T) {
 		{"--url", "http://example.com:8080"},
 		{"--url", "https://127.0.0.1:8080"},
 		{"--url", "127.0.0.1:8080"},
-		{"--url", "http://127.0.0.1:8080", "--in-process"},
+		{"--url", "http://127.0.0.1:8080", "--feed", "feed"},
 		{"--url", "http://127.0.0.1:8080", "--keep"},
 		{"--trace", "-1s"},
 		{"--users"},
 		{"extra"},
 	} {
-		err := run(t.Context(), append([]string{"bench", "--out", t.TempDir()}, args...), envMap(nil), io.Discard, io.Discard)
+		err := run(t.Context(), append([]string{"--out", t.TempDir()}, args...), envMap(nil), io.Discard, io.Discard)
 		require.ErrorIs(t, err, errUsage, "%v", args)
 	}
 	for _, ok := range []string{"http://127.0.0.1:8080", "http://localhost:8080/", "http://[::1]:8080", "http://127.1.2.3:9"} {
@@ -184,7 +183,7 @@ func TestBenchRefusesOtherMachinesAndBadFlags(t *testing.T) {
 func TestBenchRefusesAnImpossibleGraph(t *testing.T) {
 	// Checked before anything is started: no big account fits under 100 users
 	// with a threshold of 500.
-	err := run(t.Context(), []string{"bench", "--users", "100", "--followers", "10", "--out", t.TempDir(), "--url", "http://127.0.0.1:1"},
+	err := run(t.Context(), []string{"--users", "100", "--followers", "10", "--out", t.TempDir(), "--url", "http://127.0.0.1:1"},
 		envMap(nil), io.Discard, io.Discard)
 	require.ErrorIs(t, err, errUsage)
 	assert.Contains(t, err.Error(), "big account needs more than 500 followers")
@@ -197,7 +196,7 @@ func TestBenchFailsWhenItsServiceDies(t *testing.T) {
 	var stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(t.Context(), []string{"bench", "--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
+		done <- run(t.Context(), []string{"--feed", feedBin(t), "--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
 			"--duration", "1m", "--out", t.TempDir()}, env, io.Discard, &stderr)
 	}()
 	started := regexp.MustCompile(`started the service as process (\d+)`)
@@ -229,7 +228,7 @@ func TestBenchStartsAgainWhenAPortIsTaken(t *testing.T) {
 	require.NoError(t, err)
 	defer taken.Close()
 	var picks atomic.Int32
-	wl, opts, err := parseBench([]string{"--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
+	wl, opts, err := parseBench([]string{"--feed", feedBin(t), "--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
 		"--duration", "1m", "--out", t.TempDir()}, io.Discard)
 	require.NoError(t, err)
 	opts.ports = func(n int) ([]int, error) {
