@@ -9,8 +9,15 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/http/media"
 	"github.com/feedproject/feed/projections"
 )
+
+// MediaCollector removes the images no post references (the admin route
+// that runs a collection now).
+type MediaCollector interface {
+	Collect(ctx context.Context) (media.Collection, error)
+}
 
 // Rebuilds starts projector rebuilds in the background and reports on them
 // (the admin routes).
@@ -48,15 +55,30 @@ type RebuildStatus struct {
 }
 
 type admin struct {
-	rebuilds Rebuilds
-	now      func() time.Time
+	rebuilds  Rebuilds
+	collector MediaCollector
+	now       func() time.Time
 }
 
 func registerAdmin(app *fiber.App, deps Deps) {
-	a := &admin{rebuilds: deps.Rebuilds, now: deps.Now}
+	a := &admin{rebuilds: deps.Rebuilds, collector: deps.MediaCollector, now: deps.Now}
 	only := deps.Auth.requireAdmin
 	app.Post("/admin/rebuild/:projector", noBody, only, a.startRebuild)
 	app.Get("/admin/rebuild/:projector", only, a.rebuildStatus)
+	app.Post("/admin/media/collect", only, a.collectMedia)
+}
+
+// collectMedia runs a collection of unreferenced images and answers what it
+// did.
+func (a *admin) collectMedia(c *fiber.Ctx) error {
+	if a.collector == nil {
+		return fmt.Errorf("media collection is not available in this process (it runs where the api role does): %w", domain.ErrUnavailable)
+	}
+	col, err := a.collector.Collect(c.UserContext())
+	if err != nil {
+		return err
+	}
+	return c.JSON(col)
 }
 
 func (a *admin) available() error {

@@ -95,6 +95,9 @@ type Deps struct {
 	FeedPosts FeedPosts
 	// Rebuilds serves the admin rebuild routes; while it is nil they answer 503.
 	Rebuilds Rebuilds
+	// MediaCollector serves the admin route that collects unreferenced
+	// images; while it is nil it answers 503.
+	MediaCollector MediaCollector
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }

@@ -52,6 +52,16 @@ type infra struct {
 	// databaseURL is Postgres's (a rebuild opens connections of its own).
 	databaseURL string
 	closers     []func() // run in reverse order by close
+	// failed receives from each supervisor of a child server once it gave up.
+	failed []<-chan error
+}
+
+// supervise keeps the child server first, started by start, running (see
+// localstack.Supervisor) until the infrastructure is closed.
+func (in *infra) supervise(name string, first localstack.Server, start func(context.Context) (localstack.Server, error), logger *slog.Logger) {
+	sup := localstack.Supervise(name, first, start, localstack.SupervisorConfig{}, logger)
+	in.closers = append(in.closers, func() { logStop(logger, name, sup.Stop()) })
+	in.failed = append(in.failed, sup.Failed())
 }
 
 func (in *infra) close() {
@@ -96,13 +106,17 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 		if err != nil {
 			return nil, err
 		}
-		in.closers = append(in.closers, func() { logStop(logger, "nats", ns.Stop()) })
+		in.supervise("nats", ns, func(ctx context.Context) (localstack.Server, error) {
+			c := natsConfig(cfg)
+			c.Port = ns.Port() // where clients reconnect
+			return localstack.StartNATSProcess(ctx, []string{exe, "nats"}, c, logger)
+		}, logger)
 		natsURL = ns.ClientURL()
 	}
 
 	redisURL, databaseURL := cfg.RedisURL, cfg.DatabaseURL
 	if dev && redisURL == "" {
-		r, err := localstack.StartRedis(ctx, localstack.RedisConfig{
+		rcfg := localstack.RedisConfig{
 			Dir:     filepath.Join(cfg.DataDir, "redis"),
 			Port:    cfg.DevRedisPort,
 			Persist: true,
@@ -110,23 +124,31 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 			ZSetListpackEntries: listpackEntries(cfg),
 			Realtime:            devRedisRealtime,
 			Nice:                devRedisNice,
-		}, logger)
+		}
+		r, err := localstack.StartRedis(ctx, rcfg, logger)
 		if err != nil {
 			return nil, err
 		}
-		in.closers = append(in.closers, func() { logStop(logger, "redis", r.Stop()) })
+		rcfg.Port = r.Port()
+		in.supervise("redis", r, func(ctx context.Context) (localstack.Server, error) {
+			return localstack.StartRedis(ctx, rcfg, logger)
+		}, logger)
 		redisURL = r.URL()
 	}
 	if dev && databaseURL == "" {
-		p, err := localstack.StartPostgres(ctx, localstack.PostgresConfig{
+		pcfg := localstack.PostgresConfig{
 			Dir:     filepath.Join(cfg.DataDir, "postgres"),
 			Port:    cfg.DevPGPort,
 			Durable: true,
-		}, logger)
+		}
+		p, err := localstack.StartPostgres(ctx, pcfg, logger)
 		if err != nil {
 			return nil, err
 		}
-		in.closers = append(in.closers, func() { logStop(logger, "postgres", p.Stop()) })
+		pcfg.Port = p.Port()
+		in.supervise("postgres", p, func(ctx context.Context) (localstack.Server, error) {
+			return localstack.StartPostgres(ctx, pcfg, logger)
+		}, logger)
 		databaseURL = p.URL()
 	}
 	if redisURL == "" || databaseURL == "" {
@@ -320,7 +342,7 @@ func natsConfig(cfg stack.Config) localstack.NATSConfig {
 }
 
 func syncInterval(s string) time.Duration {
-	d, _ := time.ParseDuration(s) // validated by parseConfig; "always" gives 0
+	d, _ := time.ParseDuration(s) // validated by stack.Parse; "always" gives 0
 	return d
 }
 
@@ -374,9 +396,9 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	// media directory.
 	api := slices.Contains(cfg.Roles, stack.RoleAPI)
 	var store media.Store
+	var pack *media.Pack
 	if api {
-		pack, err := media.NewPack(filepath.Join(cfg.DataDir, "media"))
-		if err != nil {
+		if pack, err = media.NewPack(filepath.Join(cfg.DataDir, "media")); err != nil {
 			return err
 		}
 		defer func() { _ = pack.Close() }()
@@ -472,6 +494,11 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	// shadows to resume; they are waited for before the connections close.
 	rebuilds := newRebuilder(ctx, cfg, in.log, in.databaseURL, in.redis, in.js, logger)
 	defer rebuilds.wait()
+	var collector *media.Collector
+	if api {
+		collector = media.NewCollector(pack, in.log, readStore,
+			media.CollectorConfig{Grace: cfg.MediaGrace, Interval: cfg.MediaCollectInterval}, logger)
+	}
 	deps := feedhttp.Deps{
 		Logger:     logger,
 		Registerer: reg,
@@ -485,6 +512,9 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		FeedCache:  feedCache,
 		FeedModel:  readStore,
 		Rebuilds:   rebuilds,
+	}
+	if collector != nil {
+		deps.MediaCollector = collector
 	}
 	if postCache != nil {
 		deps.FeedPosts = postCache
@@ -506,11 +536,25 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(ln) })
+	// A child server that keeps dying stops the process, which says why.
+	for _, failed := range in.failed {
+		g.Go(func() error {
+			select {
+			case err := <-failed:
+				return err
+			case <-gctx.Done():
+				return nil
+			}
+		})
+	}
 	if postCache != nil {
 		g.Go(func() error { return postCache.Run(gctx) })
 	}
 	if pageCache != nil {
 		g.Go(func() error { return pageCache.Run(gctx) })
+	}
+	if collector != nil && cfg.MediaCollectInterval > 0 {
+		g.Go(func() error { return collector.Run(gctx) })
 	}
 	// Projectors stop after the API has drained, each finishing its batch.
 	projCtx, stopProjectors := context.WithCancel(context.WithoutCancel(ctx))

@@ -134,7 +134,9 @@ func (c *child) stop(sig syscall.Signal, grace time.Duration) error {
 	c.stopOnce.Do(func() {
 		if c.exited() {
 			// It died on its own earlier; report that rather than pretend a
-			// clean stop.
+			// clean stop. What it started may live on (postgres backends,
+			// which would keep its shared memory from a restart).
+			_ = syscall.Kill(-c.pid(), syscall.SIGKILL)
 			if c.waitErr != nil {
 				c.stopErr = c.exitError()
 			}

@@ -195,6 +195,9 @@ func (n *NATSProcess) ClientURL() string {
 // PID is the child's process id.
 func (n *NATSProcess) PID() int { return n.proc.pid() }
 
+// Port is the client port the server listens on.
+func (n *NATSProcess) Port() int { return n.port }
+
 // Stop asks the server to shut down (SIGTERM), waits for it and kills it if
 // it takes too long. It is idempotent.
 func (n *NATSProcess) Stop() error { return n.proc.stop(syscall.SIGTERM, natsStopGrace) }
@@ -274,3 +277,10 @@ func RunNATS(ctx context.Context, args []string, def NATSConfig, stderr io.Write
 	ns.Shutdown()
 	return nil
 }
+
+// Done is closed once the server's process has exited.
+func (n *NATSProcess) Done() <-chan struct{} { return n.proc.done }
+
+// ExitError describes how the server's process exited, with its last output
+// lines; it waits for the exit.
+func (n *NATSProcess) ExitError() error { return n.proc.exitError() }

@@ -447,3 +447,10 @@ func initCluster(ctx context.Context, bins postgresBins, dir string, owner *osUs
 	log.Info("initialised postgres cluster", "component", "postgres", "dir", dir)
 	return nil
 }
+
+// Done is closed once the server's process has exited.
+func (p *Postgres) Done() <-chan struct{} { return p.proc.done }
+
+// ExitError describes how the server's process exited, with its last output
+// lines; it waits for the exit.
+func (p *Postgres) ExitError() error { return p.proc.exitError() }

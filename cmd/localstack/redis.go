@@ -241,3 +241,10 @@ func (r *Redis) PID() int { return r.proc.pid() }
 func (r *Redis) Stop() error {
 	return r.proc.stop(syscall.SIGTERM, redisStopGrace)
 }
+
+// Done is closed once the server's process has exited.
+func (r *Redis) Done() <-chan struct{} { return r.proc.done }
+
+// ExitError describes how the server's process exited, with its last output
+// lines; it waits for the exit.
+func (r *Redis) ExitError() error { return r.proc.exitError() }

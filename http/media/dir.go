@@ -26,6 +26,10 @@ import (
 // file is either absent or complete.
 type Dir struct {
 	path string
+	// locks make publishing an image and removing it exclusive, by the
+	// key's first byte: a Save that finds its bytes stored and renews
+	// their time must not be overtaken by a Remove that read the old time.
+	locks [256]sync.Mutex
 }
 
 var _ Store = (*Dir)(nil)
@@ -130,28 +134,7 @@ func (d *Dir) Save(ctx context.Context, r io.Reader, maxSize int64) (Image, erro
 	}
 
 	dir := filepath.Join(d.path, img.Key[0:2], img.Key[2:4])
-	final := filepath.Join(dir, img.Key)
-	switch _, err := os.Lstat(final); {
-	case err == nil:
-		// The same bytes are already stored; the temporary file is removed on
-		// return. The fresh modification time keeps RemoveOrphans from taking
-		// the image before the event of this upload references it.
-		now := time.Now()
-		if err := os.Chtimes(final, now, now); err != nil {
-			return Image{}, fmt.Errorf("save image %s: %w", img.Key, err)
-		}
-	case errors.Is(err, fs.ErrNotExist):
-		err := os.Rename(tmp.Name(), final)
-		if errors.Is(err, fs.ErrNotExist) {
-			if _, err = d.makeDirs(img.Key[0:2], img.Key[2:4]); err == nil {
-				err = os.Rename(tmp.Name(), final)
-			}
-		}
-		if err != nil {
-			return Image{}, fmt.Errorf("save image %s: %w", img.Key, err)
-		}
-		published = true
-	default:
+	if published, err = d.publish(tmp.Name(), img.Key); err != nil {
 		return Image{}, fmt.Errorf("save image %s: %w", img.Key, err)
 	}
 	// Synced on both paths: a concurrent Save of the same bytes may have renamed
@@ -160,6 +143,33 @@ func (d *Dir) Save(ctx context.Context, r io.Reader, maxSize int64) (Image, erro
 		return Image{}, fmt.Errorf("save image %s: %w", img.Key, err)
 	}
 	return img, nil
+}
+
+// publish puts the written file tmp in place as key, or, when the same bytes
+// are stored already, renews their modification time (which Remove reads as
+// their last save) and reports that tmp is left over.
+func (d *Dir) publish(tmp, key string) (renamed bool, err error) {
+	mu := d.lock(key)
+	mu.Lock()
+	defer mu.Unlock()
+	final := d.pathOf(key)
+	now := time.Now()
+	err = os.Chtimes(final, now, now)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return false, err
+	}
+	err = os.Rename(tmp, final)
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, err = d.makeDirs(key[0:2], key[2:4]); err == nil {
+			err = os.Rename(tmp, final)
+		}
+	}
+	return err == nil, err
+}
+
+func (d *Dir) lock(key string) *sync.Mutex {
+	b, _ := hex.DecodeString(key[:2]) // a checked key: two hex digits
+	return &d.locks[b[0]]
 }
 
 // Sync implements Store: Save has synced each image already.
@@ -240,14 +250,9 @@ func (d *Dir) open(key string, fm format) (io.ReadCloser, Image, error) {
 	return f, Image{Key: key, ContentType: fm.contentType, Size: info.Size()}, nil
 }
 
-// RemoveOrphans deletes the images keep does not claim, and temporary files left
-// by interrupted saves, that were last written more than olderThan ago. It
-// returns how many files it removed. Images are saved before the events that
-// reference them are appended, so olderThan must comfortably exceed the time
-// from an upload to its event; files it does not recognise are left alone.
-func (d *Dir) RemoveOrphans(ctx context.Context, olderThan time.Duration, keep func(key string) bool) (int, error) {
-	cutoff := time.Now().Add(-olderThan)
-	removed := 0
+// Images calls fn with every image stored, in no particular order; Saved is
+// the file's modification time, which a Save of the same bytes renews.
+func (d *Dir) Images(ctx context.Context, fn func(Stored) error) error {
 	err := filepath.WalkDir(d.path, func(path string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -255,41 +260,107 @@ func (d *Dir) RemoveOrphans(ctx context.Context, olderThan time.Duration, keep f
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if !e.Type().IsRegular() {
-			return nil
+		if e.IsDir() && path != d.path && len(e.Name()) != 2 {
+			return fs.SkipDir // not a shard: the packs
 		}
 		name := e.Name()
-		_, isKey := parseKey(name)
-		isKey = isKey && path == d.pathOf(name)
-		// Temporary files in the top directory are an older version's.
-		parent := filepath.Dir(path)
-		isTemp := strings.HasPrefix(name, tempPrefix) && (parent == d.path || filepath.Dir(parent) == d.path)
-		if !isKey && !isTemp {
+		if _, isKey := parseKey(name); !isKey || !e.Type().IsRegular() || path != d.pathOf(name) {
 			return nil
 		}
 		info, err := e.Info()
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil // a save renamed it or another sweep removed it
+			return nil // removed meanwhile
 		}
 		if err != nil {
 			return err
 		}
-		if !info.ModTime().Before(cutoff) || (isKey && keep(name)) {
-			return nil
-		}
-		if err := os.Remove(path); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		removed++
-		return nil
+		return fn(Stored{Key: name, Size: info.Size(), Saved: info.ModTime()})
 	})
 	if err != nil {
-		return removed, fmt.Errorf("remove orphaned images: %w", err)
+		return fmt.Errorf("list images: %w", err)
 	}
-	return removed, nil
+	return nil
+}
+
+// Remove deletes the images of keys last saved before cutoff (those saved
+// since are kept), and the temporary files of saves interrupted before it.
+// Unknown keys are skipped.
+func (d *Dir) Remove(ctx context.Context, keys []string, cutoff time.Time) (Reclaimed, error) {
+	var r Reclaimed
+	for _, key := range keys {
+		if err := ctx.Err(); err != nil {
+			return r, fmt.Errorf("remove images: %w", err)
+		}
+		if _, ok := parseKey(key); !ok {
+			continue
+		}
+		n, err := d.remove(key, cutoff)
+		if err != nil {
+			return r, fmt.Errorf("remove image %s: %w", key, err)
+		}
+		if n >= 0 {
+			r.Images++
+			r.Bytes += n
+		}
+	}
+	n, err := d.removeTemporary(cutoff)
+	r.Bytes += n
+	return r, err
+}
+
+// remove deletes key's file if it was last written before cutoff and returns
+// its size, or -1 when it kept or found none.
+func (d *Dir) remove(key string, cutoff time.Time) (int64, error) {
+	mu := d.lock(key)
+	mu.Lock()
+	defer mu.Unlock()
+	path := d.pathOf(key)
+	info, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return -1, nil
+	}
+	if err != nil {
+		return -1, err
+	}
+	if !info.Mode().IsRegular() || !info.ModTime().Before(cutoff) {
+		return -1, nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return -1, err
+	}
+	return info.Size(), nil
+}
+
+// removeTemporary deletes the temporary files, in the top directory (an
+// older version's) and the first-level shards, last written before cutoff.
+func (d *Dir) removeTemporary(cutoff time.Time) (int64, error) {
+	dirs := []string{d.path}
+	for i := range 256 {
+		dirs = append(dirs, filepath.Join(d.path, fmt.Sprintf("%02x", i)))
+	}
+	var freed int64
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return freed, fmt.Errorf("remove temporary files: %w", err)
+		}
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), tempPrefix) || !e.Type().IsRegular() {
+				continue
+			}
+			info, err := e.Info()
+			if err != nil || !info.ModTime().Before(cutoff) {
+				continue // gone, or a save under way
+			}
+			if err := os.Remove(filepath.Join(dir, e.Name())); err == nil {
+				freed += info.Size()
+			}
+		}
+	}
+	return freed, nil
 }
 
 func (d *Dir) pathOf(key string) string {

@@ -348,15 +348,13 @@ func TestOpenUnknownOrMalformedKeyIsNotFound(t *testing.T) {
 	}
 }
 
-func TestRemoveOrphans(t *testing.T) {
+// TestDirRemoveTakesTemporaryFilesToo: Remove also deletes what interrupted
+// saves left before the cutoff, and nothing it does not recognise.
+func TestDirRemoveTakesTemporaryFilesToo(t *testing.T) {
 	d, root := newDir(t)
 	kept, err := d.Save(t.Context(), bytes.NewReader(pngBytes(t, 1, 1)), limit)
 	require.NoError(t, err)
 	orphan, err := d.Save(t.Context(), bytes.NewReader(pngBytes(t, 2, 2)), limit)
-	require.NoError(t, err)
-	reuploaded, err := d.Save(t.Context(), bytes.NewReader(pngBytes(t, 3, 3)), limit)
-	require.NoError(t, err)
-	fresh, err := d.Save(t.Context(), bytes.NewReader(pngBytes(t, 4, 4)), limit)
 	require.NoError(t, err)
 	// Left by interrupted saves: in a first-level shard, and (an older
 	// version's) in the top directory.
@@ -369,26 +367,18 @@ func TestRemoveOrphans(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(root, deep), []byte("?"), 0o600))
 	unknown := filepath.Join(root, "README")
 	require.NoError(t, os.WriteFile(unknown, []byte("operator notes"), 0o644))
-
 	old := time.Now().Add(-2 * time.Hour)
-	for _, p := range []string{
-		shardPath(kept.Key), shardPath(orphan.Key), shardPath(reuploaded.Key), "7f/.upload-456", ".upload-123", deep, "README",
-	} {
+	for _, p := range []string{shardPath(kept.Key), shardPath(orphan.Key), "7f/.upload-456", ".upload-123", deep, "README"} {
 		require.NoError(t, os.Chtimes(filepath.Join(root, p), old, old))
 	}
-	// Uploading the same bytes again makes the image as fresh as a new one.
-	_, err = d.Save(t.Context(), bytes.NewReader(pngBytes(t, 3, 3)), limit)
+
+	got, err := d.Remove(t.Context(), []string{orphan.Key}, time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 
-	removed, err := d.RemoveOrphans(t.Context(), time.Hour, func(key string) bool { return key == kept.Key })
-	require.NoError(t, err)
-
-	assert.Equal(t, 3, removed)
-	want := []string{"README", deep, shardPath(kept.Key), shardPath(reuploaded.Key), shardPath(fresh.Key)}
+	assert.Equal(t, media.Reclaimed{Images: 1, Bytes: orphan.Size + 2*int64(len("partial"))}, got)
+	want := []string{"README", deep, shardPath(kept.Key)}
 	sort.Strings(want)
 	assert.Equal(t, want, files(t, root))
-	_, _, err = d.Open(t.Context(), orphan.Key)
-	assert.ErrorIs(t, err, domain.ErrNotFound)
 }
 
 // endless is a body that never ends.

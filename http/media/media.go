@@ -10,6 +10,7 @@ import (
 	"image/jpeg"
 	"image/png"
 	"io"
+	"time"
 
 	"golang.org/x/image/webp"
 )
@@ -47,6 +48,25 @@ type Store interface {
 	// Sync returns when every image whose Save returned before it was called is
 	// durable; nothing may refer to an image before then.
 	Sync(ctx context.Context) error
+}
+
+// Stored is an image as a store holds it, for collecting those no post
+// references.
+type Stored struct {
+	Key  string
+	Size int64
+	// Saved is when the image was last saved: a later Save of the same bytes
+	// moves it, so that an upload whose post is still on its way to the log
+	// is never taken for an old one.
+	Saved time.Time
+}
+
+// Reclaimed is what a removal of images took from a store.
+type Reclaimed struct {
+	// Images is how many images were removed.
+	Images int
+	// Bytes is how much smaller the store's files are.
+	Bytes int64
 }
 
 // The largest image accepted, by what its header declares: a header can

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/feedproject/feed/domain"
@@ -31,9 +32,9 @@ import (
 // uploads share it: group commit, as the event log's.
 //
 // Images stored by Dir in the same directory (ab/cd/<key>) are still served.
-// One process at a time opens a directory (a lock file says which); the
-// packs are never rewritten, so an image whose post was never appended stays
-// in them (Dir's RemoveOrphans removes only Dir's files).
+// One process at a time opens a directory (a lock file says which). Removed
+// images leave dead bytes in their pack until it is compacted: its live
+// records are copied to the last pack and the file is deleted (Remove).
 type Pack struct {
 	path   string
 	legacy *Dir
@@ -50,9 +51,15 @@ type Pack struct {
 	mu       sync.RWMutex
 	index    map[uint64]slot // by the first 8 bytes of the image's SHA-256
 	more     map[[sha256.Size]byte]slot
-	segments []*segment // by number; the last is appended to
+	segments []*segment // by number, nil once compacted; the last is appended to
 	unsynced []*segment // written to since the last sync began
 	broken   error      // a failed sync: nothing written since is trusted
+	// resaved is when images whose bytes were saved again after their
+	// record was written were last saved, by their hash.
+	resaved map[[sha256.Size]byte]time.Time
+
+	// removing serialises removals and the compactions that follow them.
+	removing sync.Mutex
 
 	syncs groupSync
 }
@@ -63,6 +70,22 @@ type segment struct {
 	n    int
 	f    *os.File
 	size int64
+	// live is the bytes of the records the index points to; the rest are
+	// dead (removed images, copies of records stored twice).
+	live int64
+
+	// readers are the readers Open returned that are not closed yet: a
+	// compacted segment's file is closed once they are.
+	readers   atomic.Int64
+	retired   atomic.Bool
+	closeOnce sync.Once
+}
+
+// release closes the file of a retired segment once no reader needs it.
+func (s *segment) release() {
+	if s.retired.Load() && s.readers.Load() == 0 {
+		s.closeOnce.Do(func() { _ = s.f.Close() })
+	}
 }
 
 // location is where an image's record is, and what its header says of it.
@@ -71,6 +94,7 @@ type location struct {
 	segment uint32 // in segments
 	size    uint32 // of the bytes
 	code    byte   // of the format
+	saved   int64  // Unix seconds
 }
 
 // slot is a location as the index holds it, one for every image stored: the
@@ -140,7 +164,10 @@ func NewPack(path string) (*Pack, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pack{path: dir, legacy: legacy, lock: lock, segmentSize: segmentLimit, index: map[uint64]slot{}, more: map[[sha256.Size]byte]slot{}}
+	p := &Pack{
+		path: dir, legacy: legacy, lock: lock, segmentSize: segmentLimit,
+		index: map[uint64]slot{}, more: map[[sha256.Size]byte]slot{}, resaved: map[[sha256.Size]byte]time.Time{},
+	}
 	p.syncs.flush = p.flush
 	if err := p.load(); err != nil {
 		_ = p.Close()
@@ -162,7 +189,9 @@ func (p *Pack) Close() error {
 	}
 	var errs []error
 	for _, s := range p.segments {
-		errs = append(errs, s.f.Close())
+		if s != nil {
+			errs = append(errs, s.f.Close())
+		}
 	}
 	p.segments = nil // what Open reads as closed
 	errs = append(errs, p.lock.Close())
@@ -237,8 +266,14 @@ func (p *Pack) scan(s *segment, last bool) error {
 			}
 			break
 		}
-		if err := p.insert(sum, loc); err != nil {
+		inserted, err := p.insert(sum, loc)
+		if err != nil {
 			return err
+		}
+		if inserted {
+			s.live += headerSize + int64(loc.size)
+		} else {
+			p.resave(sum, savedTime(loc.saved))
 		}
 		off = loc.offset + headerSize + int64(loc.size)
 	}
@@ -264,7 +299,7 @@ func readRecord(s *segment, off, end int64, hdr []byte, check bool) (location, [
 		return location{}, sum, errors.New("a record past the end or of no known format")
 	}
 	copy(sum[:], hdr[20:52])
-	loc := location{offset: off, size: uint32(size), code: byte(code)}
+	loc := location{offset: off, size: uint32(size), code: byte(code), saved: int64(binary.LittleEndian.Uint64(hdr[12:]))}
 	if check {
 		h := crc32.New(castagnoli)
 		if _, err := io.Copy(h, io.NewSectionReader(s.f, off+headerSize, size)); err != nil {
@@ -428,6 +463,9 @@ func (p *Pack) append(up *upload, fm format) error {
 	}
 	if have {
 		// Stored, and synced by the Sync that follows this Save if not yet.
+		p.mu.Lock()
+		p.resave(up.sum, time.Now())
+		p.mu.Unlock()
 		return nil
 	}
 	if s.size > 0 && s.size+headerSize+up.size > p.segmentSize {
@@ -456,10 +494,11 @@ func (p *Pack) append(up *upload, fm format) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.insert(up.sum, location{offset: s.size, segment: uint32(len(p.segments) - 1)}); err != nil {
+	if _, err := p.insert(up.sum, location{offset: s.size, segment: uint32(len(p.segments) - 1)}); err != nil {
 		return err
 	}
 	s.size += headerSize + up.size
+	s.live += headerSize + up.size
 	if !slices.Contains(p.unsynced, s) {
 		p.unsynced = append(p.unsynced, s)
 	}
@@ -478,6 +517,7 @@ func (p *Pack) lookup(sum [sha256.Size]byte) (location, bool, error) {
 		}
 		if [sha256.Size]byte(hdr[20:52]) == sum {
 			loc.size, loc.code = binary.LittleEndian.Uint32(hdr[8:]), hdr[4]
+			loc.saved = int64(binary.LittleEndian.Uint64(hdr[12:]))
 			return loc, true, nil
 		}
 		if next, more := p.more[sum]; more && next != at {
@@ -490,17 +530,19 @@ func (p *Pack) lookup(sum [sha256.Size]byte) (location, bool, error) {
 }
 
 // insert indexes the image whose bytes hash to sum at loc, unless it is
-// indexed already. Called with mu held for writing.
-func (p *Pack) insert(sum [sha256.Size]byte, loc location) error {
+// indexed already, and reports whether it did. Called with mu held for
+// writing.
+func (p *Pack) insert(sum [sha256.Size]byte, loc location) (bool, error) {
 	if _, taken := p.index[prefix(sum)]; !taken {
 		p.index[prefix(sum)] = slotOf(loc)
-		return nil
+		return true, nil
 	}
 	_, have, err := p.lookup(sum)
 	if err == nil && !have {
 		p.more[sum] = slotOf(loc)
+		return true, nil
 	}
-	return err
+	return false, err
 }
 
 // write writes a record at the end of s.
@@ -576,9 +618,10 @@ func (p *Pack) Open(ctx context.Context, key string) (io.ReadCloser, Image, erro
 		return nil, Image{}, fmt.Errorf("open image %s: %w", key, errClosed)
 	}
 	loc, have, err := p.lookup(sum)
-	var f *os.File
+	var s *segment
 	if have {
-		f = p.segments[loc.segment].f
+		s = p.segments[loc.segment]
+		s.readers.Add(1)
 	}
 	p.mu.RUnlock()
 	if err != nil {
@@ -587,16 +630,29 @@ func (p *Pack) Open(ctx context.Context, key string) (io.ReadCloser, Image, erro
 	if !have {
 		return p.legacy.open(key, fm)
 	}
+	r := &packReader{SectionReader: io.NewSectionReader(s.f, loc.offset+headerSize, int64(loc.size)), s: s}
 	if loc.code != formatCode(fm) {
+		_ = r.Close()
 		return nil, Image{}, fmt.Errorf("image %s: %w", key, domain.ErrNotFound)
 	}
-	r := io.NewSectionReader(f, loc.offset+headerSize, int64(loc.size))
-	return readNopCloser{r}, Image{Key: key, ContentType: fm.contentType, Size: int64(loc.size)}, nil
+	return r, Image{Key: key, ContentType: fm.contentType, Size: int64(loc.size)}, nil
 }
 
-type readNopCloser struct{ *io.SectionReader }
+// packReader reads an image from its segment, whose file stays open until
+// it is closed, though the segment be compacted meanwhile.
+type packReader struct {
+	*io.SectionReader
+	s    *segment
+	once sync.Once
+}
 
-func (readNopCloser) Close() error { return nil }
+func (r *packReader) Close() error {
+	r.once.Do(func() {
+		r.s.readers.Add(-1)
+		r.s.release()
+	})
+	return nil
+}
 
 // groupSync runs flush for callers of wait, one run at a time, each run for
 // every caller that arrived before it began: those that arrive during a run

@@ -123,3 +123,23 @@ func TestPackTellsImagesApartWhoseHashesStartAlike(t *testing.T) {
 		assert.Equal(t, want, got)
 	}
 }
+
+// TestPackUnindexesOneOfImagesWhoseHashesStartAlike: forgetting the image
+// the index holds by a shared prefix moves the other up from more, and
+// either can be moved.
+func TestPackUnindexesOneOfImagesWhoseHashesStartAlike(t *testing.T) {
+	var a, b [sha256.Size]byte
+	a[31], b[31] = 1, 2 // the same first 8 bytes
+	p := &Pack{index: map[uint64]slot{prefix(a): 10}, more: map[[sha256.Size]byte]slot{b: 20}}
+
+	p.reindex(b, 20, 21)
+	assert.Equal(t, map[[sha256.Size]byte]slot{b: 21}, p.more)
+	p.unindex(a, 11) // not where a is: nothing
+	assert.Equal(t, map[uint64]slot{prefix(a): 10}, p.index)
+	p.unindex(a, 10)
+
+	assert.Equal(t, map[uint64]slot{prefix(a): 21}, p.index)
+	assert.Empty(t, p.more)
+	p.reindex(b, 21, 0)
+	assert.Equal(t, map[uint64]slot{prefix(a): 0}, p.index)
+}

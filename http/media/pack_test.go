@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -289,4 +290,62 @@ func TestPackAnswersErrorsOnceClosed(t *testing.T) {
 	require.ErrorContains(t, p.Sync(t.Context()), "media store closed")
 	_, _, err = p.Open(t.Context(), img.Key)
 	require.ErrorContains(t, err, "media store closed")
+}
+
+// TestPackCompactsPacksMostlyDead: removals spread over several packs
+// compact those at least a quarter dead, moving their live images to the
+// last; every live image opens, before and after the store is opened again.
+func TestPackCompactsPacksMostlyDead(t *testing.T) {
+	p, root := newPack(t)
+	media.SetSegmentSize(p, 200_000) // about four images a pack
+	var keys []string
+	var data [][]byte
+	for i := range 16 {
+		data = append(data, noisyPNG(t, 100, uint64(i)))
+		img, err := p.Save(t.Context(), bytes.NewReader(data[i]), limit)
+		require.NoError(t, err)
+		keys = append(keys, img.Key)
+	}
+	require.NoError(t, p.Sync(t.Context()))
+	before := packBytes(t, root)
+	// One image of the first pack (a quarter or less), every other one of
+	// the rest.
+	gone := map[int]bool{0: true}
+	for i := 5; i < 16; i += 2 {
+		gone[i] = true
+	}
+	var remove []string
+	for i := range gone {
+		remove = append(remove, keys[i])
+	}
+
+	got, err := p.Remove(t.Context(), remove, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+
+	assert.Equal(t, len(gone), got.Images)
+	assert.Positive(t, got.Bytes)
+	assert.Equal(t, before-got.Bytes, packBytes(t, root))
+	check := func(p *media.Pack) {
+		for i, key := range keys {
+			rc, _, err := p.Open(t.Context(), key)
+			if gone[i] && i != 0 {
+				assert.ErrorIs(t, err, domain.ErrNotFound, "image %d", i)
+				continue
+			}
+			if gone[i] {
+				// Its pack was not compacted: it is back once the store
+				// opens again, until a removal takes it again.
+				if err != nil {
+					continue
+				}
+			}
+			require.NoError(t, err, "image %d", i)
+			b, err := io.ReadAll(rc)
+			require.NoError(t, err)
+			require.NoError(t, rc.Close())
+			assert.Equal(t, data[i], b, "image %d", i)
+		}
+	}
+	check(p)
+	check(reopen(t, p, root))
 }

@@ -521,3 +521,30 @@ func (s *Store) Position(ctx context.Context) (uint64, error) {
 	}
 	return uint64(pos), nil
 }
+
+// MediaReferenced returns those of keys that a live post references, or a
+// post deleted at or after deletedSince. It reads every post's media once
+// (post_media is not indexed by key, which would cost every post's insert).
+func (s *Store) MediaReferenced(ctx context.Context, keys []string, deletedSince time.Time) (map[string]bool, error) {
+	release, err := s.turn(ctx, "media references")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	rows, err := s.pool.Query(ctx, `
+		SELECT DISTINCT m.media_key
+		FROM post_media m JOIN posts p ON p.id = m.post_id
+		WHERE m.media_key = ANY($1::text[]) AND (p.deleted_at IS NULL OR p.deleted_at >= $2)`, keys, deletedSince)
+	if err != nil {
+		return nil, queryError("media references", err)
+	}
+	keysFound, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, queryError("media references", err)
+	}
+	out := make(map[string]bool, len(keysFound))
+	for _, k := range keysFound {
+		out[k] = true
+	}
+	return out, nil
+}

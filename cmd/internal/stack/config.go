@@ -44,7 +44,19 @@ type Config struct {
 	// MaintenanceRate is the inboxes checked per second (FEED_MAINTENANCE_RATE).
 	MaintenanceRate int
 	InboxTTL        time.Duration
+
+	// MediaGrace is how long an image is kept after its last upload and
+	// after the deletion of the post that showed it (FEED_MEDIA_GRACE).
+	MediaGrace time.Duration
+	// MediaCollectInterval is how often unreferenced images are collected;
+	// 0: only when asked (FEED_MEDIA_COLLECT_INTERVAL).
+	MediaCollectInterval time.Duration
 }
+
+// minMediaGrace is the shortest FEED_MEDIA_GRACE: it must exceed the longest
+// time from an image's upload to its post's append (the request's read
+// timeout and the append's), which a shorter grace would not cover.
+const minMediaGrace = 5 * time.Minute
 
 // DevJWTSecret signs and checks tokens in dev mode when FEED_JWT_SECRET is
 // unset, so `feed token` works against `feed dev` with no setup. Never for
@@ -93,6 +105,8 @@ var Variables = []Variable{
 	{"FEED_POST_CACHE", "100000", "Hydrated posts the API keeps in memory for GET /feed (about 1 KiB each), kept current by following the log; 0 hydrates every page from Postgres."},
 	{"FEED_PAGE_CACHE", "50000", "Home feed pages the API keeps in memory (about 400 bytes each), kept current by Redis's client-side caching invalidations; 0 reads every page from Redis."},
 	{"FEED_MAINTENANCE_RATE", "2", "Inboxes the maintenance round checks per second (each check reads every followee's outbox and holds the feed planner meanwhile)."},
+	{"FEED_MEDIA_GRACE", "1h", "Images are kept at least this long after their last upload, and after the post that showed them was deleted; older ones no post references are removed. At least 5m."},
+	{"FEED_MEDIA_COLLECT_INTERVAL", "1h", "How often the api role removes the images no post references and compacts the media packs; 0 only on `POST /admin/media/collect`."},
 	{"FEED_NODE_ID", "0", "This process's node number in post and comment ids, 0–255: unique per API replica."},
 	{"FEED_LOG_LEVEL", "info", "debug, info, warn or error."},
 	{"FEED_LOG_FORMAT", "text", "text or json."},
@@ -172,6 +186,12 @@ func Parse(getenv func(string) string) (Config, error) {
 		PostCache:       integer("FEED_POST_CACHE", 0, 10_000_000),
 		PageCache:       integer("FEED_PAGE_CACHE", 0, 10_000_000),
 		MaintenanceRate: integer("FEED_MAINTENANCE_RATE", 1, 100_000),
+
+		MediaGrace:           duration("FEED_MEDIA_GRACE"),
+		MediaCollectInterval: duration("FEED_MEDIA_COLLECT_INTERVAL"),
+	}
+	if cfg.MediaGrace < minMediaGrace {
+		errs = append(errs, fmt.Sprintf("FEED_MEDIA_GRACE=%q is shorter than %s, the longest an upload may wait for its post", get("FEED_MEDIA_GRACE"), minMediaGrace))
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(get("FEED_LOG_LEVEL"))); err != nil {
 		errs = append(errs, fmt.Sprintf("FEED_LOG_LEVEL=%q is not debug, info, warn or error", get("FEED_LOG_LEVEL")))
