@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/internal/stack"
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	feedhttp "github.com/feedproject/feed/http"
@@ -31,7 +31,7 @@ import (
 // replayWorld is a stack with a log of posts and follows and nothing
 // projected yet.
 type replayWorld struct {
-	stack *localstack.Stack
+	stack *localstacktest.Stack
 	env   func(string) string
 	log   *events.Log
 	rdb   *redis.Client
@@ -40,8 +40,8 @@ type replayWorld struct {
 
 func newReplayWorld(t *testing.T) *replayWorld {
 	t.Helper()
-	stack := localstack.ForTest(t)
-	w := &replayWorld{stack: stack, env: stackEnv(stack, map[string]string{"FEED_LOG_LEVEL": "warn"})}
+	stack := localstacktest.ForTest(t)
+	w := &replayWorld{stack: stack, env: stack.Env(map[string]string{"FEED_LOG_LEVEL": "warn"})}
 	w.log, _ = openTestLog(t, stack.NATS.ClientURL())
 	ids, err := domain.NewIDGenerator(1)
 	require.NoError(t, err)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/feedproject/feed/cmd/feedbench/internal/loadbench"
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 )
 
 // TestBenchReportsEveryFigure runs a short bench against a stack it starts (on
@@ -75,9 +76,9 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 	if childNATS {
 		extra["NATS_URL"] = ""
 	}
-	env := stackEnv(localstack.ForTest(t), extra)
+	env := localstacktest.ForTest(t).Env(extra)
 	out = t.TempDir()
-	var stdout, stderr syncBuffer
+	var stdout, stderr localstacktest.SyncBuffer
 	err := run(t.Context(), append([]string{"--feed", feedBin(t),
 		"--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30", "--big-post-share", "0.2",
 		"--post-rate", "40", "--follow-rate", "10", "--like-rate", "20", "--comment-rate", "10",
@@ -192,8 +193,8 @@ func TestBenchRefusesAnImpossibleGraph(t *testing.T) {
 // TestBenchFailsWhenItsServiceDies: the service the bench started is killed
 // while the bench runs; the bench stops at once and says why.
 func TestBenchFailsWhenItsServiceDies(t *testing.T) {
-	env := stackEnv(localstack.ForTest(t), map[string]string{"FEED_LOG_LEVEL": "error"})
-	var stderr syncBuffer
+	env := localstacktest.ForTest(t).Env(map[string]string{"FEED_LOG_LEVEL": "error"})
+	var stderr localstacktest.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(t.Context(), []string{"--feed", feedBin(t), "--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
@@ -223,7 +224,7 @@ func TestBenchFailsWhenItsServiceDies(t *testing.T) {
 // the bench picked for its service, which fails to bind it; the bench starts
 // the service again on other ports and runs.
 func TestBenchStartsAgainWhenAPortIsTaken(t *testing.T) {
-	env := stackEnv(localstack.ForTest(t), map[string]string{"FEED_LOG_LEVEL": "error"})
+	env := localstacktest.ForTest(t).Env(map[string]string{"FEED_LOG_LEVEL": "error"})
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer taken.Close()
@@ -240,7 +241,7 @@ func TestBenchStartsAgainWhenAPortIsTaken(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	var stderr syncBuffer
+	var stderr localstacktest.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		_, err := benchStarted(ctx, wl, opts, env, &stderr)

@@ -3,18 +3,17 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 )
 
 func TestMain(m *testing.M) {
-	code := localstack.RunTests(m)
+	code := localstacktest.RunTests(m)
 	if feedDir != "" {
 		os.RemoveAll(feedDir)
 	}
@@ -51,33 +50,4 @@ func feedBin(t *testing.T) string {
 
 func envMap(kv map[string]string) func(string) string {
 	return func(k string) string { return kv[k] }
-}
-
-// stackEnv is the environment of a service on stack's servers, with extra.
-func stackEnv(stack *localstack.Stack, extra map[string]string) func(string) string {
-	kv := map[string]string{
-		"NATS_URL":     stack.NATS.ClientURL(),
-		"REDIS_URL":    stack.Redis.URL(),
-		"DATABASE_URL": stack.Postgres.URL(),
-	}
-	maps.Copy(kv, extra)
-	return envMap(kv)
-}
-
-// syncBuffer is a bytes.Buffer safe to read while run writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
