@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
@@ -12,6 +13,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -84,43 +86,44 @@ func TestServeRefusesWithoutASecret(t *testing.T) {
 	assert.Equal(t, stack.DevJWTSecret, secret)
 }
 
-// TestServiceSetsItsGCTargetUnlessGOGCIs: the service runs its collector at
-// gcPercent, but an operator's GOGC wins.
-func TestServiceSetsItsGCTargetUnlessGOGCIs(t *testing.T) {
-	prev := debug.SetGCPercent(100)
-	t.Cleanup(func() { debug.SetGCPercent(prev) })
-
-	pct, set := setGCPercent(func(string) (string, bool) { return "", false })
-	assert.False(t, set)
-	assert.Equal(t, gcPercent, pct)
-	assert.Equal(t, gcPercent, debug.SetGCPercent(150), "the target in force")
-
-	pct, set = setGCPercent(func(k string) (string, bool) { return "150", k == "GOGC" })
-	assert.True(t, set)
-	assert.Equal(t, 150, pct, "what GOGC set is left alone")
-	assert.Equal(t, 150, debug.SetGCPercent(prev))
+// TestServiceLeavesTheRuntimeAlone: serve changes neither the collector's
+// target nor the scheduler's Ps; GOGC and GOMAXPROCS, which the runtime reads
+// itself, are the operator's (decision 0141).
+func TestServiceLeavesTheRuntimeAlone(t *testing.T) {
+	prevGC, prevProcs := debug.SetGCPercent(137), runtime.GOMAXPROCS(3)
+	t.Cleanup(func() {
+		debug.SetGCPercent(prevGC)
+		runtime.GOMAXPROCS(prevProcs)
+	})
+	cfg, err := stack.Parse(envMap(map[string]string{
+		"FEED_JWT_SECRET": "a-secret-of-sixteen-bytes-or-more",
+		"NATS_URL":        "nats://127.0.0.1:1", "REDIS_URL": "redis://127.0.0.1:1", "DATABASE_URL": "postgres://127.0.0.1:1/feed",
+	}))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// Nothing listens on port 1: serve fails as it connects, after its start.
+	require.Error(t, serve(ctx, cfg, false, slog.New(slog.DiscardHandler), io.Discard))
+	assert.Equal(t, 137, debug.SetGCPercent(137), "the GC target")
+	assert.Equal(t, 3, runtime.GOMAXPROCS(0), "the Ps")
 }
 
-// TestServiceRunsTwicePsAsCPUsUnlessGOMAXPROCSIs: the service runs
-// procsPerCPU Ps a CPU, however many times serve starts in one process, but
-// an operator's GOMAXPROCS wins.
-func TestServiceRunsTwicePsAsCPUsUnlessGOMAXPROCSIs(t *testing.T) {
-	prev := runtime.GOMAXPROCS(0)
-	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
-	unset := func(string) (string, bool) { return "", false }
+// TestDevRedisRealtimeIsOptIn: dev's Redis runs under SCHED_FIFO only when
+// FEED_DEV_REDIS_REALTIME names a priority.
+func TestDevRedisRealtimeIsOptIn(t *testing.T) {
+	cfg, err := stack.Parse(envMap(nil))
+	require.NoError(t, err)
+	assert.Zero(t, devRedisConfig(cfg).Realtime, "by default")
+	assert.Equal(t, devRedisNice, devRedisConfig(cfg).Nice)
 
-	for range 2 {
-		procs, set := setProcs(unset)
-		assert.False(t, set)
-		assert.Equal(t, procsPerCPU*defaultProcs, procs)
-		assert.Equal(t, procsPerCPU*defaultProcs, runtime.GOMAXPROCS(0), "the Ps in force, not compounded")
+	cfg, err = stack.Parse(envMap(map[string]string{"FEED_DEV_REDIS_REALTIME": "1"}))
+	require.NoError(t, err)
+	assert.Equal(t, 1, devRedisConfig(cfg).Realtime)
+
+	for _, bad := range []string{"100", "-1", "yes"} {
+		_, err = stack.Parse(envMap(map[string]string{"FEED_DEV_REDIS_REALTIME": bad}))
+		assert.ErrorContains(t, err, "FEED_DEV_REDIS_REALTIME", bad)
 	}
-
-	runtime.GOMAXPROCS(3)
-	procs, set := setProcs(func(k string) (string, bool) { return "3", k == "GOMAXPROCS" })
-	assert.True(t, set)
-	assert.Equal(t, 3, procs, "what GOMAXPROCS set is left alone")
-	assert.Equal(t, 3, runtime.GOMAXPROCS(0))
 }
 
 // TestReadersGiveUpOnRedisAtOnce: a read against a Redis that refuses

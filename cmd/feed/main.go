@@ -102,11 +102,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if err != nil {
 			return err
 		}
-		logger := newLogger(cfg, stderr)
-		if procs, set := setProcs(os.LookupEnv); !set {
-			logger.Info("scheduler's Ps (GOMAXPROCS, when set, takes precedence)", "gomaxprocs", procs)
-		}
-		return localstack.RunNATS(ctx, rest, natsConfig(cfg), stderr, logger)
+		return localstack.RunNATS(ctx, rest, natsConfig(cfg), stderr, newLogger(cfg, stderr))
 	case "tail":
 		return tail(ctx, rest, getenv, stdout, stderr)
 	case "replay", "rebuild":

@@ -10,8 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
-	"runtime/debug"
 	"slices"
 	"time"
 
@@ -116,15 +114,7 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 
 	redisURL, databaseURL := cfg.RedisURL, cfg.DatabaseURL
 	if dev && redisURL == "" {
-		rcfg := localstack.RedisConfig{
-			Dir:     filepath.Join(cfg.DataDir, "redis"),
-			Port:    cfg.DevRedisPort,
-			Persist: true,
-			// Inboxes stay compact listpacks up to this many entries.
-			ZSetListpackEntries: listpackEntries(cfg),
-			Realtime:            devRedisRealtime,
-			Nice:                devRedisNice,
-		}
+		rcfg := devRedisConfig(cfg)
 		r, err := localstack.StartRedis(ctx, rcfg, logger)
 		if err != nil {
 			return nil, err
@@ -248,20 +238,21 @@ func readerOptions(base *redis.Options) *redis.Options {
 // the projector kept up. A deployment gives Redis cores of its own instead.
 const devRedisNice = -5
 
-// devRedisRealtime is the realtime priority (SCHED_FIFO) of the child Redis's
-// command thread in development mode, where the process may set one;
-// devRedisNice is the fallback. At niceness -5 the thread still waited for
-// a CPU behind the other threads of a busy two-core machine, in the middle
-// of its commands: under the bench's load, calls that take microseconds took
-// 12-18 ms at times (its slowlog), and every client's round trip waited for
-// them (an applier's averaged 10.8 ms, 5.8 ms of it for Redis's answer).
-// Under SCHED_FIFO it runs whenever it has work; in standard soaks the
-// appliers' round trips fell to 3.9-5.7 ms and ordinary authors' freshness
-// p50 from 442-839 to 132-239 ms (README, session 29). It cannot starve the machine:
-// Redis used under half a core, and the kernel keeps 5 % of each second for
-// the rest. Its forks (the append-only file's rewrites) run at the default
-// policy. A deployment gives Redis cores of its own instead.
-const devRedisRealtime = 1
+// devRedisConfig is the child Redis of development mode: persistent, in the
+// data directory, at devRedisNice, and under SCHED_FIFO only when
+// FEED_DEV_REDIS_REALTIME asks (a realtime thread can take a core from
+// everything else on a laptop; decision 0141).
+func devRedisConfig(cfg stack.Config) localstack.RedisConfig {
+	return localstack.RedisConfig{
+		Dir:     filepath.Join(cfg.DataDir, "redis"),
+		Port:    cfg.DevRedisPort,
+		Persist: true,
+		// Inboxes stay compact listpacks up to this many entries.
+		ZSetListpackEntries: listpackEntries(cfg),
+		Realtime:            cfg.DevRedisRealtime,
+		Nice:                devRedisNice,
+	}
+}
 
 // feedFallbacks is how many reads of the pull feed GET /feed makes at once,
 // of a read pool of conns connections: half of them, so that a cache outage
@@ -275,55 +266,6 @@ func feedFallbacks(conns int32) int { return max(1, int(conns)/2) }
 // bench, batches waited seconds for one, the read model fell behind the
 // feeds, and reads timed out waiting for it to hydrate their pages.
 const projectorConns = 2
-
-// gcPercent is the garbage collector's target the service runs with unless
-// GOGC is set. The service holds large caches (posts, pages, like states: a
-// few hundred MiB at their bounds), which every collection marks whole; at
-// Go's default of 100 a collection runs whenever the heap has grown by what
-// is live, and on the bench at the issue's rates garbage collection took a
-// sixth of the service's CPU, on a machine with none to spare. 400 trades
-// memory (the heap may reach about five times what is live) for a quarter of
-// the collections.
-const gcPercent = 400
-
-// setGCPercent applies gcPercent unless GOGC is set (which the runtime has
-// applied already); it returns the target in force and whether GOGC set it.
-func setGCPercent(lookup func(string) (string, bool)) (int, bool) {
-	if _, set := lookup("GOGC"); set {
-		old := debug.SetGCPercent(100)
-		debug.SetGCPercent(old)
-		return old, true
-	}
-	debug.SetGCPercent(gcPercent)
-	return gcPercent, false
-}
-
-// procsPerCPU is how many of the Go scheduler's Ps the service and the NATS
-// server it starts (`feed nats`) each run with for each CPU they may use,
-// unless GOMAXPROCS is set. They share the machine with each other, Redis and
-// Postgres; when the kernel takes a thread off the CPU to run another
-// process, the P that thread holds is held with it, and the goroutines queued
-// on it wait until the thread is back, even while another core is free. With
-// twice as many Ps as CPUs, other threads run them meanwhile (README: Session
-// 31 and 32).
-const procsPerCPU = 2
-
-// defaultProcs is the runtime's own GOMAXPROCS, taken before anything sets
-// it: the CPUs the process may use (its cgroup's limit, if lower).
-var defaultProcs = runtime.GOMAXPROCS(0)
-
-// setProcs applies procsPerCPU to defaultProcs unless GOMAXPROCS is set
-// (which the runtime has applied already); it returns the Ps in force and
-// whether GOMAXPROCS set them. Setting them ends the runtime's own updates to
-// a changed CPU limit (Go 1.25), which a restart picks up.
-func setProcs(lookup func(string) (string, bool)) (int, bool) {
-	if _, set := lookup("GOMAXPROCS"); set {
-		return runtime.GOMAXPROCS(0), true
-	}
-	n := procsPerCPU * defaultProcs
-	runtime.GOMAXPROCS(n)
-	return n, false
-}
 
 // listpackEntries is Redis' zset-max-listpack-entries for the feeds: above the
 // inbox cap and a small inbox's five bookkeeping members, so every inbox stays
@@ -355,12 +297,6 @@ func logStop(logger *slog.Logger, what string, err error) {
 // serve runs the configured roles until ctx ends, then shuts down in order: stop
 // taking requests, finish in-flight work, disconnect, stop child processes.
 func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger, stdout io.Writer) error {
-	if pct, set := setGCPercent(os.LookupEnv); !set {
-		logger.Info("garbage collector target (GOGC, when set, takes precedence)", "gogc", pct)
-	}
-	if procs, set := setProcs(os.LookupEnv); !set {
-		logger.Info("scheduler's Ps (GOMAXPROCS, when set, takes precedence)", "gomaxprocs", procs)
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		// Besides the defaults: go_gc_heap_live_bytes, what the last

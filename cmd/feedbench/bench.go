@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -304,7 +305,8 @@ func benchChild(ctx context.Context, wl loadbench.Config, opts benchOptions, cfg
 	target := loadbench.Target{
 		BaseURL: "http://" + cfg.HTTPAddr,
 		Stack: fmt.Sprintf("started as a process of its own like `feed dev` (child NATS with sync %s, Redis and Postgres), FEED_BIG_ACCOUNT=%d, "+
-			"FEED_PARTITIONS=%d, FEED_INBOX_CAP=%d", cfg.NATSSync, cfg.BigAccount, cfg.Partitions, cfg.InboxCap),
+			"FEED_PARTITIONS=%d, FEED_INBOX_CAP=%d, FEED_DEV_REDIS_REALTIME=%d, GOGC=%s, GOMAXPROCS=%s",
+			cfg.NATSSync, cfg.BigAccount, cfg.Partitions, cfg.InboxCap, cfg.DevRedisRealtime, env("GOGC"), env("GOMAXPROCS")),
 		Progress: stderr,
 	}
 	if target.Token, err = benchTokens(cfg.JWTSecret); err != nil {
@@ -338,16 +340,36 @@ func feedBinary(path string) (string, error) {
 	return p, nil
 }
 
+// benchRuntime are the settings the bench gives the service it starts where
+// its environment leaves them unset: those its recorded figures were measured
+// with on a small shared machine, rather than the service's defaults
+// (decision 0141).
+func benchRuntime() map[string]string {
+	return map[string]string{
+		"GOGC":                    "400",
+		"GOMAXPROCS":              strconv.Itoa(2 * runtime.GOMAXPROCS(0)),
+		"FEED_DEV_REDIS_REALTIME": "1",
+	}
+}
+
+// runtimeVariables are the Go runtime's variables the service's child is
+// given as env has them.
+var runtimeVariables = []string{"GOGC", "GOMAXPROCS"}
+
 // childEnviron is this process's environment with the service's variables
-// (see stack.Variables) as env has them.
+// (see stack.Variables) and the runtime's as env has them.
 func childEnviron(env func(string) string) []string {
+	names := slices.Clone(runtimeVariables)
+	for _, v := range stack.Variables {
+		names = append(names, v.Name)
+	}
 	out := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		name, _, _ := strings.Cut(kv, "=")
-		return slices.ContainsFunc(stack.Variables, func(v stack.Variable) bool { return v.Name == name })
+		return slices.Contains(names, name)
 	})
-	for _, v := range stack.Variables {
-		if value := env(v.Name); value != "" {
-			out = append(out, v.Name+"="+value)
+	for _, name := range names {
+		if value := env(name); value != "" {
+			out = append(out, name+"="+value)
 		}
 	}
 	return out
@@ -384,7 +406,8 @@ func waitServing(ctx context.Context, base string, timeout time.Duration) error 
 // benchStackConfig is the started service's configuration, and the
 // environment it is parsed from: the caller's, with its own data directory,
 // four free loopback ports (HTTP, NATS, Redis, Postgres), the bench's
-// big-account threshold and a random JWT secret.
+// big-account threshold, a random JWT secret and benchRuntime where the
+// caller's leaves them unset.
 func benchStackConfig(dir string, ports []int, wl loadbench.Config, getenv func(string) string) (stack.Config, func(string) string, error) {
 	secret := make([]byte, 24)
 	if _, err := rand.Read(secret); err != nil {
@@ -401,6 +424,11 @@ func benchStackConfig(dir string, ports []int, wl loadbench.Config, getenv func(
 	}
 	if getenv("FEED_LOG_LEVEL") == "" {
 		overrides["FEED_LOG_LEVEL"] = "warn"
+	}
+	for k, v := range benchRuntime() {
+		if getenv(k) == "" {
+			overrides[k] = v
+		}
 	}
 	env := func(k string) string {
 		if v, ok := overrides[k]; ok {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -294,4 +295,31 @@ func TestBenchStartsAgainOnlyForATakenPort(t *testing.T) {
 			assert.Equal(t, tc.errs[tries-1], err)
 		})
 	}
+}
+
+// TestBenchGivesItsServiceTheRecordedSettings: the service the bench starts
+// runs with the settings the bench's figures were recorded with, unless the
+// bench's environment sets them, and with nothing of the bench's own.
+func TestBenchGivesItsServiceTheRecordedSettings(t *testing.T) {
+	environ := func(getenv func(string) string) map[string]string {
+		cfg, env, err := benchStackConfig(t.TempDir(), []int{1, 2, 3, 4}, loadbench.DefaultConfig(), getenv)
+		require.NoError(t, err)
+		kv := map[string]string{}
+		for _, e := range childEnviron(env) {
+			k, v, _ := strings.Cut(e, "=")
+			kv[k] = v // the last of a name is the one the child sees
+		}
+		assert.Equal(t, kv["FEED_DEV_REDIS_REALTIME"], strconv.Itoa(cfg.DevRedisRealtime))
+		return kv
+	}
+	kv := environ(envMap(nil))
+	assert.Equal(t, "400", kv["GOGC"])
+	assert.Equal(t, strconv.Itoa(2*runtime.GOMAXPROCS(0)), kv["GOMAXPROCS"])
+	assert.Equal(t, "1", kv["FEED_DEV_REDIS_REALTIME"])
+	assert.Equal(t, "127.0.0.1:1", kv["FEED_HTTP_ADDR"])
+
+	kv = environ(envMap(map[string]string{"GOGC": "100", "GOMAXPROCS": "3", "FEED_DEV_REDIS_REALTIME": "0"}))
+	assert.Equal(t, "100", kv["GOGC"], "the bench's own setting")
+	assert.Equal(t, "3", kv["GOMAXPROCS"])
+	assert.Equal(t, "0", kv["FEED_DEV_REDIS_REALTIME"])
 }

@@ -46,10 +46,12 @@ Without --url it starts the service as ` + "`feed dev`" + ` in a process of its 
 the feed binary beside this program or on PATH (or --feed), on free loopback
 ports with a temporary data directory; NATS_URL, REDIS_URL and DATABASE_URL,
 when set, are used instead of starting servers, as in dev mode. The other FEED_*
-variables are passed on to it, so its settings are the service's defaults
-unless set: for figures comparable with earlier runs, set what they set, e.g.
-FEED_DEV_REDIS_REALTIME=1 GOGC=400 GOMAXPROCS=<twice the CPUs> (see the
-README's configuration table and docs/decisions).
+variables, GOGC and GOMAXPROCS are passed on to it. Where they are unset, the
+bench gives it the settings its recorded figures were measured with on a
+small shared machine, not the service's defaults: GOGC=400, GOMAXPROCS=twice
+the CPUs and FEED_DEV_REDIS_REALTIME=1 (decision 0141); set them (e.g.
+GOGC=100 GOMAXPROCS=<the CPUs> FEED_DEV_REDIS_REALTIME=0) to measure the
+defaults. The report's stack line names the settings in force.
 
 With --url it loads a service already running on this machine; tokens are
 signed with FEED_JWT_SECRET (or the development secret of feed dev), and the

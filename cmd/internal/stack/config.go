@@ -34,7 +34,9 @@ type Config struct {
 	Replicas     int
 	DedupWindow  time.Duration
 	DevRedisPort int
-	DevPGPort    int
+	// DevRedisRealtime is the SCHED_FIFO priority of dev's Redis (0: none).
+	DevRedisRealtime int
+	DevPGPort        int
 
 	InboxCap, OutboxCap, BigAccount, Partitions int
 	// PostCache is how many hydrated posts the API keeps (0: none).
@@ -118,6 +120,7 @@ var Variables = []Variable{
 	{"FEED_STREAM_REPLICAS", "", "Replicas of every stream the service creates (3 on a JetStream cluster); unset keeps an existing stream's and creates new ones with 1. Only serve and dev apply it; tools never change a stream."},
 	{"FEED_DEDUP_WINDOW", "10m", "How long an Idempotency-Key / event id is remembered."},
 	{"FEED_DEV_REDIS_PORT", "16379", "dev: loopback port of the child Redis."},
+	{"FEED_DEV_REDIS_REALTIME", "0", "dev: realtime priority (SCHED_FIFO, 1–99) of the child Redis's command thread, so that it runs whenever it has work on a machine whose cores are all busy; needs root or `CAP_SYS_NICE`. 0 leaves it under the default policy (at niceness −5 where allowed)."},
 	{"FEED_DEV_POSTGRES_PORT", "15432", "dev: loopback port of the child Postgres."},
 	{"NATS_URL", "", "External NATS server or cluster; unset starts one as a child process (feed nats)."},
 	{"REDIS_URL", "", "External Redis; unset in dev mode starts a child redis-server."},
@@ -161,31 +164,32 @@ func Parse(getenv func(string) string) (Config, error) {
 		return parse(name, lo, hi)
 	}
 	cfg := Config{
-		HTTPAddr:        get("FEED_HTTP_ADDR"),
-		DataDir:         get("FEED_DATA_DIR"),
-		JWTSecret:       get("FEED_JWT_SECRET"),
-		LogFormat:       get("FEED_LOG_FORMAT"),
-		ShutdownTimeout: duration("FEED_SHUTDOWN_TIMEOUT"),
-		ConsistencyWait: duration("FEED_CONSISTENCY_WAIT"),
-		NodeID:          integer("FEED_NODE_ID", 0, 255),
-		NATSURL:         get("NATS_URL"),
-		RedisURL:        get("REDIS_URL"),
-		DatabaseURL:     get("DATABASE_URL"),
-		NATSPort:        integer("FEED_NATS_PORT", 0, 65535),
-		NATSSync:        get("FEED_NATS_SYNC"),
-		StreamName:      get("FEED_STREAM"),
-		Replicas:        optional(integer, "FEED_STREAM_REPLICAS", 1, 5),
-		DedupWindow:     duration("FEED_DEDUP_WINDOW"),
-		DevRedisPort:    integer("FEED_DEV_REDIS_PORT", 0, 65535),
-		DevPGPort:       integer("FEED_DEV_POSTGRES_PORT", 0, 65535),
-		InboxCap:        integer("FEED_INBOX_CAP", 10, 100_000),
-		OutboxCap:       integer("FEED_OUTBOX_CAP", 10, 100_000),
-		InboxTTL:        duration("FEED_INBOX_TTL"),
-		BigAccount:      integer("FEED_BIG_ACCOUNT", 1, 1<<31-1),
-		Partitions:      integer("FEED_PARTITIONS", 1, 256),
-		PostCache:       integer("FEED_POST_CACHE", 0, 10_000_000),
-		PageCache:       integer("FEED_PAGE_CACHE", 0, 10_000_000),
-		MaintenanceRate: integer("FEED_MAINTENANCE_RATE", 1, 100_000),
+		HTTPAddr:         get("FEED_HTTP_ADDR"),
+		DataDir:          get("FEED_DATA_DIR"),
+		JWTSecret:        get("FEED_JWT_SECRET"),
+		LogFormat:        get("FEED_LOG_FORMAT"),
+		ShutdownTimeout:  duration("FEED_SHUTDOWN_TIMEOUT"),
+		ConsistencyWait:  duration("FEED_CONSISTENCY_WAIT"),
+		NodeID:           integer("FEED_NODE_ID", 0, 255),
+		NATSURL:          get("NATS_URL"),
+		RedisURL:         get("REDIS_URL"),
+		DatabaseURL:      get("DATABASE_URL"),
+		NATSPort:         integer("FEED_NATS_PORT", 0, 65535),
+		NATSSync:         get("FEED_NATS_SYNC"),
+		StreamName:       get("FEED_STREAM"),
+		Replicas:         optional(integer, "FEED_STREAM_REPLICAS", 1, 5),
+		DedupWindow:      duration("FEED_DEDUP_WINDOW"),
+		DevRedisPort:     integer("FEED_DEV_REDIS_PORT", 0, 65535),
+		DevRedisRealtime: integer("FEED_DEV_REDIS_REALTIME", 0, 99),
+		DevPGPort:        integer("FEED_DEV_POSTGRES_PORT", 0, 65535),
+		InboxCap:         integer("FEED_INBOX_CAP", 10, 100_000),
+		OutboxCap:        integer("FEED_OUTBOX_CAP", 10, 100_000),
+		InboxTTL:         duration("FEED_INBOX_TTL"),
+		BigAccount:       integer("FEED_BIG_ACCOUNT", 1, 1<<31-1),
+		Partitions:       integer("FEED_PARTITIONS", 1, 256),
+		PostCache:        integer("FEED_POST_CACHE", 0, 10_000_000),
+		PageCache:        integer("FEED_PAGE_CACHE", 0, 10_000_000),
+		MaintenanceRate:  integer("FEED_MAINTENANCE_RATE", 1, 100_000),
 
 		MediaGrace:           duration("FEED_MEDIA_GRACE"),
 		MediaCollectInterval: duration("FEED_MEDIA_COLLECT_INTERVAL"),
