@@ -1,101 +1,75 @@
 package loadbench
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io/fs"
-	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
-// cpuTicks is the machine's CPU time from /proc/stat, in clock ticks.
-type cpuTicks struct {
+// cpuTimes is the machine's CPU time since boot, from /proc/stat.
+type cpuTimes struct {
 	// busy is the time the CPUs ran work (user, nice, system, irq, softirq);
 	// kernel the part of it in the kernel (system, irq, softirq).
-	busy, kernel uint64
+	busy, kernel time.Duration
 	// steal is the time the hypervisor ran something else while this
 	// machine's CPUs had work: not busy, yet not idle either.
-	steal uint64
-	total uint64
+	steal time.Duration
+	total time.Duration
 }
 
-// machineCPU reads the machine's CPU time from /proc/stat (Linux): the bench
-// and the service share the machine, so how busy it was is part of every
-// figure.
-func machineCPU() (cpuTicks, error) {
-	f, err := os.Open("/proc/stat")
+// machineCPU reads the machine's CPU time (Linux): the bench and the service
+// share the machine, so how busy it was is part of every figure.
+func machineCPU() (cpuTimes, error) {
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
-		return cpuTicks{}, fmt.Errorf("machine cpu: %w", err)
+		return cpuTimes{}, fmt.Errorf("machine cpu: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	if !sc.Scan() {
-		return cpuTicks{}, fmt.Errorf("machine cpu: empty /proc/stat: %w", sc.Err())
+	st, err := fs.Stat()
+	if err != nil {
+		return cpuTimes{}, fmt.Errorf("machine cpu: %w", err)
 	}
-	return parseCPULine(sc.Text())
+	return cpuTimesOf(st.CPUTotal), nil
 }
 
-// parseCPULine reads the aggregate "cpu user nice system idle iowait irq
-// softirq steal ..." line; idle and iowait are not busy, nor is steal, which
-// is counted apart.
-func parseCPULine(line string) (cpuTicks, error) {
-	fields := strings.Fields(line)
-	if len(fields) < 5 || fields[0] != "cpu" {
-		return cpuTicks{}, fmt.Errorf("machine cpu: unexpected line %q", line)
+// cpuTimesOf sorts the aggregate CPU times: idle and iowait are not busy,
+// nor is steal, which is counted apart; guest time is in user already.
+func cpuTimesOf(c procfs.CPUStat) cpuTimes {
+	d := func(secs ...float64) time.Duration {
+		var sum float64
+		for _, s := range secs {
+			sum += s
+		}
+		return time.Duration(sum * float64(time.Second))
 	}
-	var t cpuTicks
-	for i, f := range fields[1:] {
-		if i >= 8 { // guest time is already counted in user
-			break
-		}
-		v, err := strconv.ParseUint(f, 10, 64)
-		if err != nil {
-			return cpuTicks{}, fmt.Errorf("machine cpu: %q: %w", line, err)
-		}
-		t.total += v
-		switch i {
-		case 3, 4: // idle, iowait
-		case 7:
-			t.steal += v
-		default:
-			t.busy += v
-		}
-		if i == 2 || i == 5 || i == 6 {
-			t.kernel += v
-		}
+	return cpuTimes{
+		busy:   d(c.User, c.Nice, c.System, c.IRQ, c.SoftIRQ),
+		kernel: d(c.System, c.IRQ, c.SoftIRQ),
+		steal:  d(c.Steal),
+		total:  d(c.User, c.Nice, c.System, c.Idle, c.Iowait, c.IRQ, c.SoftIRQ, c.Steal),
 	}
-	return t, nil
 }
 
 // kdamondCPU is the CPU time the kernel's DAMON monitors (its kdamond
-// threads) have used, from the proc file system at root: their sampling
-// takes the CPU from whatever runs on it. ok is false
-// when none runs.
-func kdamondCPU(root fs.FS) (d time.Duration, ok bool) {
-	entries, err := fs.ReadDir(root, "proc")
+// threads) have used, from the proc file system fs: their sampling takes the
+// CPU from whatever runs on it. ok is false when none runs.
+func kdamondCPU(fs procfs.FS) (d time.Duration, ok bool) {
+	procs, err := fs.AllProcs()
 	if err != nil {
 		return 0, false
 	}
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
+	for _, p := range procs {
+		st, err := p.Stat()
+		if err != nil || !strings.HasPrefix(st.Comm, "kdamond") {
+			continue // gone meanwhile, or another
 		}
-		stat, err := fs.ReadFile(root, path.Join("proc", e.Name(), "stat"))
-		if err != nil {
-			continue // gone meanwhile
-		}
-		p, err := parseStat(string(stat))
-		if err != nil || !strings.HasPrefix(p.comm, "kdamond") {
-			continue
-		}
-		d += time.Duration(p.utime+p.stime) * time.Second / clockTicks
+		d += seconds(st.CPUTime())
 		ok = true
 	}
 	return d, ok
@@ -104,20 +78,18 @@ func kdamondCPU(root fs.FS) (d time.Duration, ok bool) {
 // selfCPU is the CPU time the bench's own process has used (its threads,
 // not its children: the service it started is measured apart).
 func selfCPU() (time.Duration, error) {
-	stat, err := os.ReadFile("/proc/self/stat")
+	p, err := procfs.Self()
 	if err != nil {
 		return 0, fmt.Errorf("bench cpu: %w", err)
 	}
-	p, err := parseStat(string(stat))
+	st, err := p.Stat()
 	if err != nil {
 		return 0, fmt.Errorf("bench cpu: %w", err)
 	}
-	return time.Duration(p.utime+p.stime) * time.Second / clockTicks, nil
+	return seconds(st.CPUTime()), nil
 }
 
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every
-// Linux platform Go supports.
-const clockTicks = 100
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // PostgresCPU returns a probe of the CPU time used by the local Postgres
 // server listening on port (started with -p port, as this project starts
@@ -133,17 +105,22 @@ func PostgresCPU(port int) func(context.Context) (time.Duration, error) {
 			if !isPostmaster(p.cmdline, want) {
 				continue
 			}
-			ticks := p.utime + p.stime + p.cutime + p.cstime
+			// Reaped children's times are in ticks of USER_HZ, as CPUTime's.
+			cpu := seconds(p.stat.CPUTime() + float64(p.stat.CUTime+p.stat.CSTime)/userHZ)
 			for _, c := range procs {
-				if c.ppid == p.pid {
-					ticks += c.utime + c.stime
+				if c.stat.PPID == p.stat.PID {
+					cpu += seconds(c.stat.CPUTime())
 				}
 			}
-			return time.Duration(ticks) * time.Second / clockTicks, nil
+			return cpu, nil
 		}
 		return 0, fmt.Errorf("no postgres process listening on port %d found", port)
 	}
 }
+
+// userHZ is the unit of /proc/<pid>/stat times: 100 on every Linux platform
+// Go supports.
+const userHZ = 100
 
 func isPostmaster(cmdline []string, port string) bool {
 	if len(cmdline) == 0 || filepath.Base(cmdline[0]) != "postgres" {
@@ -159,65 +136,25 @@ func isPostmaster(cmdline []string, port string) bool {
 
 // proc is what the bench reads of one process.
 type proc struct {
-	pid, ppid                    int
-	comm                         string // the name in /proc/<pid>/stat
-	utime, stime, cutime, cstime uint64
-	cmdline                      []string
+	stat    procfs.ProcStat
+	cmdline []string
 }
 
 func readProcs() ([]proc, error) {
-	entries, err := os.ReadDir("/proc")
+	all, err := procfs.AllProcs()
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
-	var out []proc
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+	out := make([]proc, 0, len(all))
+	for _, p := range all {
+		st, err := p.Stat()
 		if err != nil {
 			continue // gone meanwhile
 		}
-		p, err := parseStat(string(stat))
-		if err != nil || p.pid != pid {
-			continue
-		}
-		if cmd, err := pidCmdline(pid); err == nil {
-			p.cmdline = cmd
-		}
-		out = append(out, p)
+		cmd, _ := p.CmdLine()
+		out = append(out, proc{stat: st, cmdline: cmd})
 	}
 	return out, nil
-}
-
-// parseStat reads /proc/<pid>/stat: "pid (comm) state ppid …", where comm may
-// hold spaces and parentheses, so the fields are counted after the last ')'.
-func parseStat(stat string) (proc, error) {
-	open, closing := strings.IndexByte(stat, '('), strings.LastIndexByte(stat, ')')
-	if open < 0 || closing < open {
-		return proc{}, fmt.Errorf("process stat %q: no command", stat)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(stat[:open]))
-	if err != nil {
-		return proc{}, fmt.Errorf("process stat: pid: %w", err)
-	}
-	// After the command: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
-	f := strings.Fields(stat[closing+1:])
-	if len(f) < 15 {
-		return proc{}, fmt.Errorf("process stat %q: too few fields", stat)
-	}
-	p := proc{pid: pid, comm: stat[open+1 : closing]}
-	if p.ppid, err = strconv.Atoi(f[1]); err != nil {
-		return proc{}, fmt.Errorf("process stat: ppid: %w", err)
-	}
-	for i, dst := range []*uint64{&p.utime, &p.stime, &p.cutime, &p.cstime} {
-		if *dst, err = strconv.ParseUint(f[11+i], 10, 64); err != nil {
-			return proc{}, fmt.Errorf("process stat: times: %w", err)
-		}
-	}
-	return p, nil
 }
 
 // NATSProcess returns probes of the local NATS server listening on port that
@@ -283,66 +220,52 @@ func (f *procFinder) find() (int, error) {
 		}
 		f.pid = 0
 	}
-	entries, err := os.ReadDir("/proc")
+	procs, err := procfs.AllProcs()
 	if err != nil {
 		return 0, fmt.Errorf("list processes: %w", err)
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if cmd, err := pidCmdline(pid); err == nil && f.match(cmd) {
-			f.pid = pid
-			return pid, nil
+	for _, p := range procs {
+		if cmd, err := p.CmdLine(); err == nil && f.match(cmd) {
+			f.pid = p.PID
+			return p.PID, nil
 		}
 	}
 	return 0, fmt.Errorf("no %s found", f.what)
 }
 
-// pidCmdline is a process's arguments, from /proc/<pid>/cmdline.
+// pidCmdline is a process's arguments.
 func pidCmdline(pid int) ([]string, error) {
-	cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return nil, err
 	}
-	return strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00"), nil
+	return p.CmdLine()
+}
+
+// pidStat is a process's /proc/<pid>/stat.
+func pidStat(pid int) (procfs.ProcStat, error) {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
+		return procfs.ProcStat{}, err
+	}
+	return p.Stat()
 }
 
 // pidCPU is the CPU time a process has used itself (utime and stime, not its
 // reaped children's).
 func pidCPU(pid int) (time.Duration, error) {
-	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	st, err := pidStat(pid)
 	if err != nil {
 		return 0, fmt.Errorf("process cpu: %w", err)
 	}
-	p, err := parseStat(string(stat))
-	if err != nil {
-		return 0, err
-	}
-	return time.Duration(p.utime+p.stime) * time.Second / clockTicks, nil
+	return seconds(st.CPUTime()), nil
 }
 
-// pidRSS is a process's resident set size in bytes, from the second field
-// of /proc/<pid>/statm (in pages).
+// pidRSS is a process's resident set size in bytes.
 func pidRSS(pid int) (int64, error) {
-	statm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "statm"))
+	st, err := pidStat(pid)
 	if err != nil {
 		return 0, fmt.Errorf("process memory: %w", err)
 	}
-	return parseStatm(string(statm), os.Getpagesize())
-}
-
-// parseStatm reads the resident pages of /proc/<pid>/statm ("size resident
-// shared text lib data dt", in pages) as bytes.
-func parseStatm(statm string, pageSize int) (int64, error) {
-	f := strings.Fields(statm)
-	if len(f) < 2 {
-		return 0, fmt.Errorf("process statm %q: too few fields", statm)
-	}
-	pages, err := strconv.ParseInt(f[1], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("process statm: resident: %w", err)
-	}
-	return pages * int64(pageSize), nil
+	return int64(st.ResidentMemory()), nil
 }
