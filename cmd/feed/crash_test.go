@@ -71,8 +71,8 @@ func startChild(t *testing.T, env []string, base string) *child {
 	return c
 }
 
-// TestNoAcknowledgedCommandIsLostWhenTheProcessIsKilled (DESIGN 3.3,
-// invariant 4): commands stream in from several clients, the process is killed
+// TestNoAcknowledgedCommandIsLostWhenTheProcessIsKilled (the guarantee that
+// no acknowledged command is lost, docs/architecture.md): commands stream in from several clients, the process is killed
 // with SIGKILL mid-stream, and after a restart every command that was answered
 // 202 is in the log at the position it was given, and in the read model.
 func TestNoAcknowledgedCommandIsLostWhenTheProcessIsKilled(t *testing.T) {

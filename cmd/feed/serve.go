@@ -214,11 +214,8 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 // readerOptions are base's for the clients that serve reads, which an
 // outage must turn into a prompt read of Postgres rather than seconds per
 // page: short timeouts, one retry (a pooled connection Redis closed fails
-// once, and the retry dials a new one) made at once, and one attempt a dial.
-// With go-redis's defaults (five attempts a dial, 100 ms apart, and a
-// backoff before the retry), the first pages after Redis stopped took
-// 0.9-2.5 s each, and those after them 16-50 ms against 3 ms, until Redis
-// came back (README, decision 44).
+// once, and the retry dials a new one) made at once, and one attempt a dial
+// (decision 44 has the measurement).
 func readerOptions(base *redis.Options) *redis.Options {
 	o := *base
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 500*time.Millisecond, time.Second, time.Second
@@ -227,15 +224,11 @@ func readerOptions(base *redis.Options) *redis.Options {
 	return &o
 }
 
-// devRedisNice is the child Redis's niceness in development mode. Redis runs
-// every command on one thread, which every projector and feed read waits on;
-// on one small machine shared with the service (two threads of Go at full
-// speed), Postgres and a load generator, the kernel's fair share gave that
-// thread less CPU than it needed, and the whole service queued behind it. At
-// the bench's 500 posts/s on two cores, Redis used 0.50-0.58 of a core at
-// niceness 0 while requests waited 23 ms on average for it (`redis-cli
-// --latency`) and the feeds projector fell behind; reniced it used 0.62 and
-// the projector kept up. A deployment gives Redis cores of its own instead.
+// devRedisNice is the child Redis's niceness in development mode: every
+// projector and feed read waits on Redis's one command thread, which on a
+// small machine shared with the service and Postgres gets less than its share
+// of a CPU at niceness 0 (decision 24). A deployment gives Redis cores of its
+// own instead.
 const devRedisNice = -5
 
 // devRedisConfig is the child Redis of development mode: persistent, in the
