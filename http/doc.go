@@ -1,3 +1,4 @@
-// Package http serves the HTTP contract of API.md with Fiber: commands that append
-// events, reads from the projections, and the operational endpoints.
+// Package http serves the HTTP contract (openapi.yaml, docs/api.md) with
+// Fiber: commands that append events, reads from the projections, and the
+// operational endpoints.
 package http

@@ -357,10 +357,9 @@ const fallbackWait = time.Second
 
 // pull reads the pull feed, at most Config.FeedFallbacks of them at once. A
 // cache that fails, or is only slow, sends every read here, each a query
-// costlier than the page from Redis: unbounded, they queued for Postgres's
-// connections until they timed out, and the load they put on the machine
-// slowed the cache further (README, session 29). A read that finds every
-// slot taken waits fallbackWait for one and is then answered 503 with
+// costlier than the page from Redis; unbounded, they would queue for
+// Postgres's connections until they timed out (decision 43). A read that finds
+// every slot taken waits fallbackWait for one and is then answered 503 with
 // Retry-After, so Postgres serves what it can at full speed and the rest are
 // told to come back, rather than every read waiting and most failing.
 func (h *homeFeed) pull(ctx context.Context, user domain.UserID, after *domain.Cursor, n int) ([]domain.PostID, error) {

@@ -6,7 +6,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 )
 
-// openAPIDocument is the HTTP contract of API.md as OpenAPI 3. A string, so that
+// openAPIDocument is the HTTP contract as OpenAPI 3. A string, so that
 // no handler can change it.
 //
 //go:embed openapi.yaml

@@ -93,7 +93,7 @@ func TestOpenAPIIsServed(t *testing.T) {
 }
 
 // TestOpenAPIOperationsFollowTheConventions checks, operation by operation, the
-// conventions of API.md that the schema language cannot express.
+// conventions of the contract that the schema language cannot express.
 func TestOpenAPIOperationsFollowTheConventions(t *testing.T) {
 	// operationalReads read no projection, so they take no X-Min-Position and
 	// return no X-Position.

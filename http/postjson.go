@@ -14,7 +14,7 @@ import (
 // Posts, the bulk of GET /feed and all of GET /posts/{id}, are written by hand
 // rather than by encoding/json: building views of ten posts with their media
 // and reflecting over them was over a third of the handler's CPU for a cached
-// page. The bytes are those encoding/json writes for the API.md shape
+// page. The bytes are those encoding/json writes for the contract's shape
 // (postjson_test.go holds that shape and checks them against it).
 
 // sendPost answers a post as GET /posts/{id} does.

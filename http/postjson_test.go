@@ -17,7 +17,7 @@ import (
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
-// postView and feedPageView are the posts' JSON as API.md has it, written by
+// postView and feedPageView are the posts' JSON as the contract has it, written by
 // encoding/json: what appendPost and sendFeedPage must write byte for byte,
 // and what tests decode answers into.
 type postView struct {

@@ -35,7 +35,7 @@ const (
 	maxPoll   = 50 * time.Millisecond
 )
 
-// Headers of read-your-writes (API.md, Conventions).
+// Headers of read-your-writes (docs/api.md).
 const (
 	headerMinPosition = "X-Min-Position"
 	headerPosition    = "X-Position"
@@ -246,7 +246,7 @@ func listPage[T any](h *reads, c *fiber.Ctx, query func(context.Context, *domain
 	return c.JSON(view(page))
 }
 
-// The answers' JSON, as API.md and openapi.yaml have them: ids as strings,
+// The answers' JSON, as openapi.yaml has them: ids as strings,
 // times by formatTime, lists never null. Posts are written by appendPost.
 
 type thumbnailView struct {

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/cmd/localstack/natscluster"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
@@ -56,8 +57,8 @@ type onceRig struct {
 func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceRig {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	pg := localstack.PostgresForTest(t)
-	rd := localstack.RedisForTest(t)
+	pg := localstacktest.PostgresForTest(t)
+	rd := localstacktest.RedisForTest(t)
 	rig := &onceRig{}
 	rig.live, rig.clean = onceDatabase(t, pg, "live"), onceDatabase(t, pg, "clean")
 
@@ -539,7 +540,7 @@ func TestNoEventSkippedWhenTheProjectorsNodeOrTheLeaderIsKilled(t *testing.T) {
 		c.WaitForStreamCurrent(victim, "FEED_EVENTS", 20*time.Second)
 	}
 	stopLoad()
-	rig.check(t, rig.settle(t, 30*time.Second))
+	rig.check(t, rig.settle(t, time.Minute))
 }
 
 // TestNoEventSkippedWhenTheProjectorsConnectionIsCut is the test above on one
@@ -547,7 +548,7 @@ func TestNoEventSkippedWhenTheProjectorsNodeOrTheLeaderIsKilled(t *testing.T) {
 // random points, each just as messages are on their way: events to the
 // runners, or work to the appliers, in turn.
 func TestNoEventSkippedWhenTheProjectorsConnectionIsCut(t *testing.T) {
-	ns := localstack.NATSForTest(t)
+	ns := localstacktest.NATSForTest(t)
 	proxy := natscluster.NewProxy(t, ns.Server().Addr().String())
 	rig := newOnceRig(t, ns.ClientURL(), proxy.URL(), 1)
 	stopLoad := rig.load(4, 5*time.Millisecond)
@@ -571,5 +572,5 @@ func TestNoEventSkippedWhenTheProjectorsConnectionIsCut(t *testing.T) {
 		}
 	}
 	stopLoad()
-	rig.check(t, rig.settle(t, 30*time.Second))
+	rig.check(t, rig.settle(t, time.Minute))
 }

@@ -393,6 +393,20 @@ func (o *order) take(seq uint64) (bool, error) {
 	return true, nil
 }
 
+// lostTail fails with ErrGap when the consumer has delivered events the
+// fetcher never took: lost on the way with nothing after them yet, they would
+// leave no gap for order to see until the next event came.
+func lostTail(ctx context.Context, cons jetstream.Consumer, o *order) error {
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer info: %w", classifyNATS(err))
+	}
+	if last := info.Delivered.Stream; last >= o.next && !o.holes.gone(last) {
+		return fmt.Errorf("%w: the consumer delivered up to %d, the fetcher took up to %d", ErrGap, last, o.next-1)
+	}
+	return nil
+}
+
 // knownGap is a run of sequences the stream reports gone, passed over.
 type knownGap struct{ from, to uint64 }
 
@@ -529,6 +543,9 @@ func (r *Runner) fetch(ctx context.Context, cons jetstream.Consumer, o *order, w
 			err = pull(1, r.cfg.FetchWait, &f)
 			if err == nil && len(f.records) > 0 && r.cfg.BatchSize > 1 {
 				err = pull(size(r.cfg.BatchSize-1), 0, &f)
+			}
+			if err == nil && len(f.records) == 0 {
+				err = lostTail(ctx, cons, o)
 			}
 		}
 		// A batch fetched ahead is handed over when wanted (and so is a

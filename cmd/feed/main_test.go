@@ -22,7 +22,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 )
 
 // devEnv is a dev-mode environment on free loopback ports in dir.
@@ -66,7 +68,7 @@ func startRun(t *testing.T, command string, env func(string) string) (string, fu
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out, w := io.Pipe()
-	stderr := &syncBuffer{}
+	stderr := &localstacktest.SyncBuffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{command}, env, w, stderr)
@@ -284,7 +286,7 @@ func TestServeNeedsRedisAndPostgres(t *testing.T) {
 
 func TestBadConfigurationIsReportedWhole(t *testing.T) {
 	env := map[string]string{"FEED_LOG_LEVEL": "loud", "FEED_ROLES": "api,chef", "FEED_DEDUP_WINDOW": "soon"}
-	_, err := parseConfig(func(k string) string { return env[k] })
+	_, err := stack.Parse(func(k string) string { return env[k] })
 	require.Error(t, err)
 	for _, want := range []string{"FEED_LOG_LEVEL", `unknown role "chef"`, "FEED_DEDUP_WINDOW"} {
 		assert.Contains(t, err.Error(), want)

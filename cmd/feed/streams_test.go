@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/cmd/localstack/natscluster"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
@@ -41,7 +41,7 @@ func streamConfigs(t *testing.T, js jetstream.JetStream) map[string]jetstream.St
 // it was: only the service creates or changes streams.
 func TestToolsLeaveTheStreamsAsTheServiceMadeThem(t *testing.T) {
 	c := natscluster.Start(t, natscluster.Config{})
-	pg, rd := localstack.PostgresForTest(t), localstack.RedisForTest(t)
+	pg, rd := localstacktest.PostgresForTest(t), localstacktest.RedisForTest(t)
 	tools := map[string]string{
 		"NATS_URL":       c.URLs(),
 		"REDIS_URL":      rd.URL(),

@@ -25,11 +25,10 @@ import (
 
 // Pack is a Store that appends images to pack files under <dir>/packs and
 // finds them by an index it keeps in memory, rebuilt from the packs when it
-// opens. A file per image cost, on the development machine, about a
-// millisecond of CPU an upload in creating it, two fsyncs and its shard
-// directories (README, decision 38); an append costs a write, and one
-// fdatasync makes every image appended before it durable (Sync), however many
-// uploads share it: group commit, as the event log's.
+// opens. A file per image costs two fsyncs and a rename into its shard
+// directory (decision 38); an append costs a write, and one fdatasync makes
+// every image appended before it durable (Sync), however many uploads share
+// it: group commit, as the event log's.
 //
 // Images stored by Dir in the same directory (ab/cd/<key>) are still served.
 // One process at a time opens a directory (a lock file says which). Removed

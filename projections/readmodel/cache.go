@@ -366,8 +366,8 @@ func (c *Cache) prune(now time.Time) {
 }
 
 // expire removes the entries past MaxAge from the least recently used end, up
-// to the first that is not: they are never served again, yet they filled the
-// cache over minutes under the bench's load, the memory rising all the while.
+// to the first that is not: they are never served again, yet under steady
+// load they would fill the cache, the memory rising all the while.
 // c.mu is held.
 func (c *Cache) expire(now time.Time) {
 	for {

@@ -46,9 +46,7 @@ const turnWait = time.Second
 // within turnWait; beyond that the query fails at once as unavailable
 // (503 with Retry-After at the API). When Postgres slows, the reads that
 // come meanwhile would otherwise queue for its connections until each one's
-// own deadline and fail only then: in a bench's wave of load, 1 391 page
-// hydrations waited out five seconds each (README, session 30). release
-// ends the turn.
+// own deadline and fail only then (decision 45). release ends the turn.
 func (s *Store) turn(ctx context.Context, what string) (release func(), err error) {
 	select {
 	case s.turns <- struct{}{}:
