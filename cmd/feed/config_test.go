@@ -136,7 +136,7 @@ func TestReadersGiveUpOnRedisAtOnce(t *testing.T) {
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close()) // nothing listens there now
 	var dials atomic.Int32
-	opts := readerOptions(&redis.Options{Addr: addr})
+	opts := stack.RedisTarget{Node: &redis.Options{Addr: addr}}.NodeOptions(readerTuning)
 	opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		dials.Add(1)
 		var d net.Dialer

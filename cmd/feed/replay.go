@@ -277,16 +277,17 @@ func connectRebuilder(ctx context.Context, cfg stack.Config, logger *slog.Logger
 		return fail(err)
 	}
 	closers = append(closers, log.Close)
-	redisURL := cfg.RedisEndpoint()
-	ropts, err := redis.ParseURL(redisURL)
+	target, err := stack.ParseRedisURL(cfg.RedisEndpoint())
 	if err != nil {
-		return fail(fmt.Errorf("parse REDIS_URL: %w", err))
+		return fail(err)
 	}
-	ropts.ReadTimeout, ropts.WriteTimeout, ropts.MaxRetries = 30*time.Second, 30*time.Second, -1
-	rdb := redis.NewClient(ropts)
+	rdb := target.Client(projectorTuning)
 	closers = append(closers, func() { _ = rdb.Close() })
 	if err := rdb.Ping(ctx).Err(); err != nil {
-		return fail(fmt.Errorf("ping redis %s: %w", ropts.Addr, err))
+		return fail(fmt.Errorf("ping redis %s: %w", target, err))
+	}
+	if err := stack.CheckRedisMode(ctx, target, rdb); err != nil {
+		return fail(err)
 	}
 	databaseURL := cfg.DatabaseEndpoint()
 	return newRebuilder(ctx, cfg, log, databaseURL, rdb, js, logger), closeAll, nil

@@ -35,13 +35,16 @@ import (
 
 // infra is the connected dependencies of one process and how to let go of them.
 type infra struct {
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	log   *events.Log
-	redis *redis.Client // the projectors' (long timeouts, no client retries)
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log *events.Log
+	// redis is the projectors' (long timeouts, no client retries): one
+	// server's client, or a Redis Cluster's.
+	redis redis.UniversalClient
 	// readRedis serves reads: short timeouts, so an outage is a prompt fall-back.
-	readRedis *redis.Client
-	// readOpts made it, for the clients of the page cache.
+	readRedis redis.UniversalClient
+	// readOpts made it, for the clients of the page cache; nil on a Redis
+	// Cluster, where there is no page cache.
 	readOpts *redis.Options
 	pg       *pgxpool.Pool // the reads'
 	// projectorPG is the read model projector's, apart from the reads'
@@ -153,26 +156,25 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 
-	ropts, err := redis.ParseURL(redisURL)
+	target, err := stack.ParseRedisURL(redisURL)
 	if err != nil {
-		return nil, fmt.Errorf("parse REDIS_URL: %w", err)
+		return nil, err
 	}
-	// Two clients, because the two uses want opposite timeouts. The
-	// projector's scripts may run long (materialising hundreds of inboxes in one
-	// pipeline), and a client that times out resends the whole pipeline, so it
-	// waits long and never retries by itself (a failed message is retried by
-	// the applier, whose inbox guard makes that safe). Readers want an outage
-	// to be a prompt fall-back to Postgres, not seconds per page.
-	projOpts := *ropts
-	projOpts.ReadTimeout, projOpts.WriteTimeout, projOpts.MaxRetries = 30*time.Second, 30*time.Second, -1
-	in.redis = redis.NewClient(&projOpts)
+	// Two clients, because the two uses want opposite timeouts (see
+	// projectorTuning and readerTuning).
+	in.redis = target.Client(projectorTuning)
 	in.closers = append(in.closers, func() { _ = in.redis.Close() })
 	if err := in.redis.Ping(ctx).Err(); err != nil {
-		return nil, fmt.Errorf("ping redis: %w", err)
+		return nil, fmt.Errorf("ping redis %s: %w", target, err)
 	}
-	readOpts := readerOptions(ropts)
-	in.readRedis = redis.NewClient(readOpts)
-	in.readOpts = readOpts
+	if err := stack.CheckRedisMode(ctx, target, in.redis); err != nil {
+		return nil, err
+	}
+	if target.IsCluster() {
+		logger.Info("redis is a cluster", "seeds", target.String())
+	}
+	in.readRedis = target.Client(readerTuning)
+	in.readOpts = target.NodeOptions(readerTuning)
 	in.closers = append(in.closers, func() { _ = in.readRedis.Close() })
 
 	if err := migrations.Up(ctx, databaseURL, migrations.Schema); err != nil {
@@ -211,17 +213,21 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 	return in, nil
 }
 
-// readerOptions are base's for the clients that serve reads, which an
-// outage must turn into a prompt read of Postgres rather than seconds per
-// page: short timeouts, one retry (a pooled connection Redis closed fails
-// once, and the retry dials a new one) made at once, and one attempt a dial
-// (decision 44 has the measurement).
-func readerOptions(base *redis.Options) *redis.Options {
-	o := *base
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 500*time.Millisecond, time.Second, time.Second
-	o.MaxRetries, o.MinRetryBackoff = 1, -1
-	o.DialerRetries = 1
-	return &o
+// projectorTuning is the projectors' Redis client's. Their scripts may run
+// long (materialising hundreds of inboxes in one pipeline), and a client
+// that times out resends the whole pipeline, so it waits long and never
+// retries by itself (a failed message is retried by the applier, whose inbox
+// guard makes that safe).
+var projectorTuning = stack.RedisTuning{ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, MaxRetries: -1}
+
+// readerTuning is the Redis client's that serves reads, which an outage must
+// turn into a prompt read of Postgres rather than seconds per page: short
+// timeouts, one retry (a pooled connection Redis closed fails once, and the
+// retry dials a new one) made at once, and one attempt a dial (decision 44
+// has the measurement).
+var readerTuning = stack.RedisTuning{
+	DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+	MaxRetries: 1, MinRetryBackoff: -1, DialerRetries: 1,
 }
 
 // devRedisNice is the child Redis's niceness in development mode: every
@@ -353,18 +359,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	} else if err != nil {
 		logger.Warn("cannot load the feeds' Lua functions; each call will try again", "err", err)
 	}
-	if n, err := feedStore.CheckListpack(ctx); err != nil {
-		logger.Warn("cannot read zset-max-listpack-entries", "err", err)
-	} else if n < int64(cfg.InboxCap+5) {
-		logger.Warn("Redis zset-max-listpack-entries is below the inbox cap: inboxes will use several times the memory; raise it",
-			"zset_max_listpack_entries", n, "want_at_least", cfg.InboxCap+5)
-	}
-	if evicts, policy, err := feedStore.CheckEviction(ctx); err != nil {
-		logger.Warn("cannot read maxmemory-policy", "err", err)
-	} else if evicts {
-		logger.Warn("Redis may evict keys: an evicted part of an inbox leaves a gap in a home feed; set maxmemory-policy noeviction",
-			"maxmemory_policy", policy)
-	}
+	checkRedisSettings(ctx, in.redis, feedStore.Config(), logger)
 	var (
 		planner  *feeds.Planner
 		appliers *feeds.Applier
@@ -415,7 +410,10 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	reader := feeds.NewReader(feeds.NewStore(in.readRedis, feedStore.Config()), in.js)
 	var feedCache feedhttp.HomeFeedCache = reader
 	var pageCache *feeds.PageCache
-	if cfg.PageCache > 0 {
+	switch {
+	case cfg.PageCache > 0 && in.readOpts == nil:
+		logger.Info("no page cache on a Redis Cluster: every home feed page is read from Redis", "FEED_PAGE_CACHE", cfg.PageCache)
+	case cfg.PageCache > 0:
 		pageCache = feeds.NewPageCache(reader, in.readOpts, feeds.PageCacheConfig{Pages: cfg.PageCache}, reg, logger)
 		feedCache = pageCache
 	}
@@ -543,4 +541,30 @@ func displayAddr(a net.Addr) string {
 		return fmt.Sprintf("127.0.0.1:%d", tcp.Port)
 	}
 	return a.String()
+}
+
+// checkRedisSettings warns of the Redis settings that cost the feeds memory
+// or correctness: on one server, or on every master of a cluster, each of
+// which holds its share of the inboxes.
+func checkRedisSettings(ctx context.Context, rdb redis.UniversalClient, conf feeds.Config, logger *slog.Logger) {
+	err := stack.ForEachMaster(ctx, rdb, func(ctx context.Context, node *redis.Client) error {
+		log := logger.With("redis", node.Options().Addr)
+		store := feeds.NewStore(node, conf)
+		if n, err := store.CheckListpack(ctx); err != nil {
+			log.Warn("cannot read zset-max-listpack-entries", "err", err)
+		} else if n < int64(conf.InboxCap+5) {
+			log.Warn("Redis zset-max-listpack-entries is below the inbox cap: inboxes will use several times the memory; raise it",
+				"zset_max_listpack_entries", n, "want_at_least", conf.InboxCap+5)
+		}
+		if evicts, policy, err := store.CheckEviction(ctx); err != nil {
+			log.Warn("cannot read maxmemory-policy", "err", err)
+		} else if evicts {
+			log.Warn("Redis may evict keys: an evicted part of an inbox leaves a gap in a home feed; set maxmemory-policy noeviction",
+				"maxmemory_policy", policy)
+		}
+		return nil
+	})
+	if err != nil {
+		logger.Warn("cannot check the Redis settings", "err", err)
+	}
 }

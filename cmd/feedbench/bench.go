@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -524,7 +525,7 @@ type observers struct {
 	status       *stack.Conns
 	stream       jetstream.Stream
 	streamName   string
-	rdb          *redis.Client
+	rdb          redis.UniversalClient
 	js           jetstream.JetStream
 	pg           *pgxpool.Pool
 	positions    func(context.Context) (loadbench.Positions, error)
@@ -565,8 +566,8 @@ func connectObservers(ctx context.Context, cfg stack.Config, started bool, progr
 		// Publishes are asynchronous in the raw limit: a wide window of acks.
 		o.js, _ = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
 	}
-	if opts, err := redis.ParseURL(cfg.RedisEndpoint()); err == nil {
-		o.rdb = redis.NewClient(opts)
+	if target, err := stack.ParseRedisURL(cfg.RedisEndpoint()); err == nil {
+		o.rdb = target.Client(stack.RedisTuning{})
 		o.closes = append(o.closes, func() { _ = o.rdb.Close() })
 		if o.rdb.Ping(cctx).Err() == nil {
 			o.redisMemory, o.redisCPU = o.readRedisMemory, o.readRedisCPU
@@ -644,33 +645,44 @@ func (o *observers) readPositions(ctx context.Context) (loadbench.Positions, err
 	return pos, nil
 }
 
-// readRedisCPU is the CPU time Redis has used, from INFO cpu.
+// readRedisCPU is the CPU time Redis has used, from INFO cpu: on a cluster,
+// its masters' together.
 func (o *observers) readRedisCPU(ctx context.Context) (time.Duration, error) {
-	info, err := o.rdb.InfoMap(ctx, "cpu").Result()
-	if err != nil {
-		return 0, fmt.Errorf("redis info cpu: %w", err)
-	}
-	var total float64
-	for _, k := range []string{"used_cpu_sys", "used_cpu_user"} {
-		v, err := strconv.ParseFloat(info["CPU"][k], 64)
+	var micros atomic.Int64
+	err := stack.ForEachMaster(ctx, o.rdb, func(ctx context.Context, node *redis.Client) error {
+		info, err := node.InfoMap(ctx, "cpu").Result()
 		if err != nil {
-			return 0, fmt.Errorf("redis %s: %w", k, err)
+			return fmt.Errorf("redis %s info cpu: %w", node.Options().Addr, err)
 		}
-		total += v
-	}
-	return time.Duration(total * float64(time.Second)), nil
+		for _, k := range []string{"used_cpu_sys", "used_cpu_user"} {
+			v, err := strconv.ParseFloat(info["CPU"][k], 64)
+			if err != nil {
+				return fmt.Errorf("redis %s %s: %w", node.Options().Addr, k, err)
+			}
+			micros.Add(int64(v * 1e6))
+		}
+		return nil
+	})
+	return time.Duration(micros.Load()) * time.Microsecond, err
 }
 
+// readRedisMemory is Redis's used_memory: on a cluster, its masters'
+// together.
 func (o *observers) readRedisMemory(ctx context.Context) (int64, error) {
-	info, err := o.rdb.InfoMap(ctx, "memory").Result()
-	if err != nil {
-		return 0, fmt.Errorf("redis info memory: %w", err)
-	}
-	v, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("redis used_memory: %w", err)
-	}
-	return v, nil
+	var total atomic.Int64
+	err := stack.ForEachMaster(ctx, o.rdb, func(ctx context.Context, node *redis.Client) error {
+		info, err := node.InfoMap(ctx, "memory").Result()
+		if err != nil {
+			return fmt.Errorf("redis %s info memory: %w", node.Options().Addr, err)
+		}
+		v, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
+		if err != nil {
+			return fmt.Errorf("redis %s used_memory: %w", node.Options().Addr, err)
+		}
+		total.Add(v)
+		return nil
+	})
+	return total.Load(), err
 }
 
 func (o *observers) readPostgresSize(ctx context.Context) (int64, error) {

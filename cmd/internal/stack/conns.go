@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections/feeds"
@@ -48,14 +47,15 @@ func Connect(ctx context.Context, cfg Config) *Conns {
 		}
 	}
 
-	redisURL := cfg.RedisEndpoint()
-	if opts, err := redis.ParseURL(redisURL); err != nil {
-		c.Errs["redis"] = fmt.Sprintf("parse REDIS_URL: %v", err)
+	if target, err := ParseRedisURL(cfg.RedisEndpoint()); err != nil {
+		c.Errs["redis"] = err.Error()
 	} else {
-		rdb := redis.NewClient(opts)
+		rdb := target.Client(RedisTuning{})
 		c.closes = append(c.closes, func() { _ = rdb.Close() })
 		if err := rdb.Ping(ctx).Err(); err != nil {
-			c.Errs["redis"] = fmt.Sprintf("ping redis %s: %v", opts.Addr, err)
+			c.Errs["redis"] = fmt.Sprintf("ping redis %s: %v", target, err)
+		} else if err := CheckRedisMode(ctx, target, rdb); err != nil {
+			c.Errs["redis"] = err.Error()
 		} else {
 			c.Feeds = feeds.NewStore(rdb, feeds.Config{})
 		}
