@@ -40,6 +40,10 @@ type RedisConfig struct {
 	// so feed inboxes (sorted sets of ~500 entries) stay in the compact
 	// encoding.
 	ZSetListpackEntries int
+	// ClusterNodeTimeout, if > 0, makes the server a Redis Cluster node
+	// (cluster-enabled, its node table in Dir) that holds a node unreachable
+	// for this long failed: its replica takes over after about that.
+	ClusterNodeTimeout time.Duration
 	// Binary is the redis-server executable; default "redis-server" from
 	// PATH, then /usr/bin/redis-server, /usr/local/bin/redis-server.
 	Binary string
@@ -134,6 +138,11 @@ func startRedisOnce(ctx context.Context, bin string, cfg RedisConfig, log *slog.
 	}
 	if cfg.ZSetListpackEntries > 0 {
 		args = append(args, "--zset-max-listpack-entries", strconv.Itoa(cfg.ZSetListpackEntries))
+	}
+	if cfg.ClusterNodeTimeout > 0 {
+		args = append(args, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes-"+strconv.Itoa(port)+".conf",
+			"--cluster-node-timeout", strconv.FormatInt(cfg.ClusterNodeTimeout.Milliseconds(), 10))
 	}
 	name, argv := bin, args
 	if len(cfg.Wrapper) > 0 {
@@ -240,6 +249,12 @@ func (r *Redis) PID() int { return r.proc.pid() }
 // then SIGKILLs. It is idempotent.
 func (r *Redis) Stop() error {
 	return r.proc.stop(syscall.SIGTERM, redisStopGrace)
+}
+
+// Kill ends the server at once (SIGKILL), as a crash of its machine would;
+// Stop then reports the kill.
+func (r *Redis) Kill() {
+	_ = r.proc.stop(syscall.SIGKILL, redisStopGrace)
 }
 
 // Done is closed once the server's process has exited.

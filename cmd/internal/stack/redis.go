@@ -105,8 +105,17 @@ func (t RedisTarget) Client(tune RedisTuning) redis.UniversalClient {
 	setNonZero(&o.MaxRetries, tune.MaxRetries)
 	setNonZero(&o.MinRetryBackoff, tune.MinRetryBackoff)
 	setNonZero(&o.DialerRetries, tune.DialerRetries)
+	// A dead master answers no MOVED, the one thing that makes go-redis
+	// reload the slots at once: it would be asked again until the next
+	// reload.
+	o.ClusterStateReloadInterval = clusterStateReload
 	return redis.NewClusterClient(&o)
 }
+
+// clusterStateReload bounds how long a cluster client keeps sending a slot's
+// commands to a master that failed over: one CLUSTER SLOTS a second at most,
+// and only while commands are sent.
+const clusterStateReload = time.Second
 
 func setNonZero[T comparable](field *T, v T) {
 	var zero T
