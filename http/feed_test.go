@@ -36,7 +36,7 @@ import (
 // read model and the two stages of the feeds), and the app serving GET /feed.
 type feedWorld struct {
 	log     *events.Log
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	store   *feeds.Store
 	read    *readmodel.Store
 	srv     *Server
@@ -44,9 +44,9 @@ type feedWorld struct {
 	readRun *projections.Runner
 	planRun *projections.Runner
 	reader  *feeds.Reader
-	pages   *feeds.PageCache
+	pages   *feeds.PageCache // nil on a Redis Cluster
 	posts   *readmodel.Cache
-	redis   *localstack.Redis
+	redis   *localstack.Redis // nil on a Redis Cluster
 	ids     *domain.IDGenerator
 	n       int
 	maint   *feeds.Maintenance
@@ -93,22 +93,51 @@ func newFeedWorld(t *testing.T, cfg feeds.Config) *feedWorld {
 func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan struct{}) *feedWorld {
 	t.Helper()
 	stack := localstacktest.ForTest(t)
+	return buildFeedWorld(t, cfg, startReadModel, worldServers{
+		nats: stack.NATS.ClientURL(), postgres: stack.Postgres.URL(), redis: stack.Redis,
+		client: func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: stack.Redis.Addr()}) },
+	})
+}
+
+// newClusterFeedWorld is newFeedWorld on a Redis Cluster of three masters
+// and three replicas, without a page cache, as the service runs on one.
+func newClusterFeedWorld(t *testing.T, cfg feeds.Config) (*feedWorld, *localstacktest.RedisCluster) {
+	t.Helper()
+	cluster := localstacktest.RedisClusterForTest(t)
+	w := buildFeedWorld(t, cfg, nil, worldServers{
+		nats: localstacktest.NATSForTest(t).ClientURL(), postgres: localstacktest.PostgresForTest(t).URL(),
+		client: func() redis.UniversalClient { return cluster.Client(t) },
+	})
+	return w, cluster
+}
+
+// worldServers are the servers a feedWorld runs on.
+type worldServers struct {
+	nats, postgres string
+	// redis is the one Redis server; nil for a Redis Cluster.
+	redis *localstack.Redis
+	// client makes a client of the Redis (server or cluster).
+	client func() redis.UniversalClient
+}
+
+func buildFeedWorld(t *testing.T, cfg feeds.Config, startReadModel <-chan struct{}, servers worldServers) *feedWorld {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	nc, err := nats.Connect(stack.NATS.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
+	nc, err := nats.Connect(servers.nats, nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	log, err := events.OpenLog(ctx, js, events.Config{}, nil)
 	require.NoError(t, err)
-	pool, err := readmodel.OpenPool(ctx, stack.Postgres.URL(), migrations.Schema, 0)
+	pool, err := readmodel.OpenPool(ctx, servers.postgres, migrations.Schema, 0)
 	require.NoError(t, err)
-	rdb := redis.NewClient(&redis.Options{Addr: stack.Redis.Addr()})
+	rdb := servers.client()
 	require.NoError(t, rdb.ConfigSet(ctx, "zset-max-listpack-entries", "1024").Err())
 
 	quiet := slog.New(slog.DiscardHandler)
-	w := &feedWorld{log: log, rdb: rdb, read: readmodel.NewStore(pool), redis: stack.Redis}
+	w := &feedWorld{log: log, rdb: rdb, read: readmodel.NewStore(pool), redis: servers.redis}
 	// The service's own client, so that faults can be timed to its commands.
-	svc := redis.NewClient(&redis.Options{Addr: stack.Redis.Addr()})
+	svc := servers.client()
 	svc.AddHook(faultHook{w})
 	w.store = feeds.NewStore(svc, cfg)
 	w.ids, err = domain.NewIDGenerator(5)
@@ -162,14 +191,19 @@ func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan stru
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
 	w.reader = feeds.NewReader(w.store, js)
-	// Pages are read through the page cache, as the service does.
-	w.pages = feeds.NewPageCache(w.reader, &redis.Options{Addr: stack.Redis.Addr()}, feeds.PageCacheConfig{}, nil, quiet)
-	wg.Go(func() { _ = w.pages.Run(ctx) })
+	var feedCache HomeFeedCache = w.reader
+	if servers.redis != nil {
+		// Pages are read through the page cache, as the service does on one
+		// Redis.
+		w.pages = feeds.NewPageCache(w.reader, &redis.Options{Addr: servers.redis.Addr()}, feeds.PageCacheConfig{}, nil, quiet)
+		wg.Go(func() { _ = w.pages.Run(ctx) })
+		feedCache = w.pages
+	}
 	w.deps = Deps{
 		Logger: quiet, Log: log, Media: store, Auth: w.auth, IDs: ids,
-		ReadModel: w.read, FeedCache: w.pages, FeedModel: w.read, FeedPosts: w.posts,
+		ReadModel: w.read, FeedCache: feedCache, FeedModel: w.read, FeedPosts: w.posts,
 	}
-	w.pgURL = stack.Postgres.URL()
+	w.pgURL = servers.postgres
 	w.srv = w.server(Config{ConsistencyWait: 5 * time.Second}, reg)
 	return w
 }
@@ -192,7 +226,9 @@ func (w *feedWorld) settle(t *testing.T) {
 		fp, err2 := w.reader.Position(ctx)
 		return err1 == nil && err2 == nil && rm >= head && fp >= head && w.posts.Heard() >= head
 	}, 60*time.Second, 10*time.Millisecond, "projectors and the post cache did not reach %d", head)
-	require.NoError(t, w.pages.Sync(ctx))
+	if w.pages != nil {
+		require.NoError(t, w.pages.Sync(ctx))
+	}
 }
 
 // page gets one page of user's home feed.
@@ -366,7 +402,10 @@ func (m *model) check() {
 }
 
 func runModel(t *testing.T, cfg feeds.Config, steps int, seed uint64) {
-	w := newFeedWorld(t, cfg)
+	runModelIn(t, newFeedWorld(t, cfg), steps, seed)
+}
+
+func runModelIn(t *testing.T, w *feedWorld, steps int, seed uint64) {
 	ids, err := domain.NewIDGenerator(0)
 	require.NoError(t, err)
 	m := &model{t: t, w: w, rng: rand.New(rand.NewPCG(seed, seed)), ids: ids,
