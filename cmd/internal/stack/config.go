@@ -123,7 +123,7 @@ var Variables = []Variable{
 	{"FEED_DEV_REDIS_REALTIME", "0", "dev: realtime priority (SCHED_FIFO, 1–99) of the child Redis's command thread, so that it runs whenever it has work on a machine whose cores are all busy; needs root or `CAP_SYS_NICE`. 0 leaves it under the default policy (at niceness −5 where allowed)."},
 	{"FEED_DEV_POSTGRES_PORT", "15432", "dev: loopback port of the child Postgres."},
 	{"NATS_URL", "", "External NATS server or cluster; unset starts one as a child process (feed nats)."},
-	{"REDIS_URL", "", "External Redis; unset in dev mode starts a child redis-server."},
+	{"REDIS_URL", "", "External Redis; unset in dev mode starts a child redis-server. A Redis Cluster: redis://host1:port1?addr=host2:port2&addr=host3:port3."},
 	{"DATABASE_URL", "", "External Postgres; unset in dev mode starts a child postgres."},
 }
 
