@@ -41,7 +41,9 @@ func TestRunNATSFormsACluster(t *testing.T) {
 		args := []string{"--dir", filepath.Join(dir, strconv.Itoa(i)), "--port", strconv.Itoa(ports[i]),
 			"--name", fmt.Sprintf("n%d", i), "--cluster", "feed", "--cluster-listen", "127.0.0.1:" + strconv.Itoa(ports[3+i]),
 			"--routes", strings.Join(others, ","), "--sync", "always"}
-		wg.Go(func() { errs[i] = localstack.RunNATS(ctx, args, localstack.NATSConfig{}, io.Discard, slog.New(slog.DiscardHandler)) })
+		wg.Go(func() {
+			errs[i] = localstack.RunNATS(ctx, args, localstack.NATSConfig{}, io.Discard, slog.New(slog.DiscardHandler))
+		})
 	}
 	defer func() {
 		cancel()
