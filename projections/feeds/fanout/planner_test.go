@@ -1,4 +1,4 @@
-package feeds_test
+package fanout_test
 
 import (
 	"context"

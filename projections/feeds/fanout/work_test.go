@@ -1,4 +1,4 @@
-package feeds
+package fanout
 
 import (
 	"cmp"

@@ -1,4 +1,4 @@
-package feeds_test
+package inbox_test
 
 import (
 	"cmp"

@@ -1,4 +1,4 @@
-package feeds_test
+package homefeed_test
 
 import (
 	"context"
