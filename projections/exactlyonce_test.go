@@ -25,6 +25,8 @@ import (
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -78,7 +80,7 @@ func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceR
 	rdb := redis.NewClient(&redis.Options{Addr: rd.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rig.store = feeds.NewStore(rdb, feeds.Config{})
-	planner := feeds.NewPlanner(rig.store, projLog.JetStream(), feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}, nil)
+	planner := fanout.NewPlanner(rig.store, projLog.JetStream(), fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	for u := range onceUsers {
 		require.NoError(t, rig.store.RequestMaterialise(ctx, domain.UserID(u+1)))
@@ -89,7 +91,7 @@ func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceR
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	rig.readRun = projections.NewRunner(projLog, readmodel.NewProjector(rig.live, nil), cfg, nil, logger)
 	rig.planRun = projections.NewRunner(projLog, planner, cfg, nil, logger)
-	appliers := feeds.NewApplier(rig.store, projLog.JetStream(), []int{0, 1, 2}, nil, logger)
+	appliers := fanout.NewApplier(rig.store, projLog.JetStream(), []int{0, 1, 2}, nil, logger)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = rig.readRun.Run(ctx) })
 	wg.Go(func() { _ = rig.planRun.Run(ctx) })
@@ -207,7 +209,7 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) (feedsCaughtUp b
 			return false
 		}
 		time.Sleep(20 * time.Millisecond)
-		if pos, err := feeds.Position(ctx, rig.store, rig.log.JetStream()); err == nil {
+		if pos, err := fanout.Position(ctx, rig.store, rig.log.JetStream()); err == nil {
 			feedsAt = pos
 		}
 	}
@@ -218,7 +220,7 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) (feedsCaughtUp b
 // of the feeds to catch up.
 func (rig *onceRig) fanoutState(ctx context.Context) string {
 	js := rig.log.JetStream()
-	stream, err := js.Stream(ctx, feeds.FanoutStream)
+	stream, err := js.Stream(ctx, fanout.FanoutStream)
 	if err != nil {
 		return fmt.Sprintf("fan-out stream: %v", err)
 	}
@@ -272,7 +274,7 @@ func (rig *onceRig) check(t *testing.T, feedsCaughtUp bool) {
 			t.Errorf("user %d follows %v in the log, %v in Redis", user, followees, following)
 		}
 
-		inbox, floor, _, ok, err := store.Inbox(ctx, user)
+		held, floor, _, ok, err := inbox.ReadAll(ctx, store, user)
 		require.NoError(t, err)
 		if !ok {
 			t.Errorf("user %d: no inbox", user)
@@ -290,7 +292,7 @@ func (rig *onceRig) check(t *testing.T, feedsCaughtUp bool) {
 				wantIDs = append(wantIDs, e.PostID)
 			}
 		}
-		for _, p := range inbox {
+		for _, p := range held {
 			if !fromBig[p] {
 				haveIDs = append(haveIDs, p)
 			}

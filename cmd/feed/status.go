@@ -20,6 +20,7 @@ import (
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -130,32 +131,32 @@ func (c *statusConns) sample(ctx context.Context) sample {
 		}
 	}
 	if c.feeds == nil {
-		s.errs[feeds.PlannerName] = "redis unavailable: " + c.errs["redis"]
+		s.errs[fanout.PlannerName] = "redis unavailable: " + c.errs["redis"]
 		return s
 	}
 	store, err := c.feeds.Active(ctx)
 	if err != nil {
-		s.errs[feeds.PlannerName] = err.Error()
+		s.errs[fanout.PlannerName] = err.Error()
 		return s
 	}
-	planned, err := store.PlannerPosition(ctx)
+	planned, err := fanout.PlannerPosition(ctx, store)
 	if err != nil {
-		s.errs[feeds.PlannerName] = err.Error()
+		s.errs[fanout.PlannerName] = err.Error()
 		return s
 	}
 	s.planned = &planned
 	if c.js == nil {
-		s.errs[feeds.PlannerName] = "nats unavailable: " + c.errs["nats"]
+		s.errs[fanout.PlannerName] = "nats unavailable: " + c.errs["nats"]
 		return s
 	}
-	if _, err := c.js.Stream(ctx, feeds.FanoutStream); errors.Is(err, jetstream.ErrStreamNotFound) {
+	if _, err := c.js.Stream(ctx, fanout.FanoutStream); errors.Is(err, jetstream.ErrStreamNotFound) {
 		// No planner has run against this server: no work can be pending.
 		s.applied = &planned
 		return s
 	}
-	applied, err := feeds.Position(ctx, store, c.js)
+	applied, err := fanout.Position(ctx, store, c.js)
 	if err != nil {
-		s.errs[feeds.PlannerName] = err.Error()
+		s.errs[fanout.PlannerName] = err.Error()
 		return s
 	}
 	s.applied = &applied
@@ -237,7 +238,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		} else {
 			rep.Head = ptr(info.State.LastSeq)
 		}
-		if n, err := streamCount(ctx, conns.js, feeds.FanoutStream, ""); err != nil {
+		if n, err := streamCount(ctx, conns.js, fanout.FanoutStream, ""); err != nil {
 			rep.FanoutError = err.Error()
 		} else {
 			rep.FanoutBacklog = &n
@@ -264,7 +265,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		rep.Projectors = append(rep.Projectors, p)
 	}
 	add(readmodel.ProjectorName, first.readmodel, last.readmodel, nil)
-	add(feeds.PlannerName, first.applied, last.applied, last.planned)
+	add(fanout.PlannerName, first.applied, last.applied, last.planned)
 
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

@@ -19,6 +19,8 @@ import (
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 const (
@@ -92,13 +94,13 @@ func (p *benchPosts) take(n int) []domain.PostID {
 // applyChunks applies each partition's chunks the way the appliers do: one
 // goroutine per partition, one chunk (message) at a time. It returns the
 // items applied.
-func applyChunks(ctx context.Context, store *feeds.Store, parts [][][]feeds.Item) (int64, error) {
+func applyChunks(ctx context.Context, store *feeds.Store, parts [][][]inbox.Item) (int64, error) {
 	var applied atomic.Int64
 	var g errgroup.Group
 	for _, chunks := range parts {
 		g.Go(func() error {
 			for _, c := range chunks {
-				n, err := store.ApplyItems(ctx, c)
+				n, err := inbox.Apply(ctx, store, c)
 				if err != nil {
 					return err
 				}
@@ -116,7 +118,7 @@ func applyChunks(ctx context.Context, store *feeds.Store, parts [][][]feeds.Item
 func byPartition[T any](work []T, recipient func(T) domain.UserID, partitions, chunk int) [][][]T {
 	parts := make([][]T, partitions)
 	for _, w := range work {
-		p := feeds.Partition(recipient(w), partitions)
+		p := fanout.Partition(recipient(w), partitions)
 		parts[p] = append(parts[p], w)
 	}
 	out := make([][][]T, partitions)
@@ -126,7 +128,7 @@ func byPartition[T any](work []T, recipient func(T) domain.UserID, partitions, c
 	return out
 }
 
-func itemRecipient(it feeds.Item) domain.UserID { return it.Recipient }
+func itemRecipient(it inbox.Item) domain.UserID { return it.Recipient }
 
 func self(u domain.UserID) domain.UserID { return u }
 
@@ -266,20 +268,20 @@ func BenchmarkFanoutBurst(b *testing.B) {
 				var raws, applies []rate
 				var ratios []float64
 				for pair := range benchPairs {
-					var work [][][][]feeds.Item
+					var work [][][][]inbox.Item
 					var raw [][][][]entry
 					for range bursts {
-						var items []feeds.Item
+						var items []inbox.Item
 						var entries []entry
 						for range burst {
 							seq++
 							p := posts.next()
 							for _, f := range followers {
-								items = append(items, feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpPush, Posts: []domain.PostID{p}})
+								items = append(items, inbox.Item{Recipient: f, Seq: seq, Op: inbox.OpPush, Posts: []domain.PostID{p}})
 								entries = append(entries, entry{f, p})
 							}
 						}
-						slices.SortStableFunc(items, func(a, b feeds.Item) int { return cmp.Compare(a.Recipient, b.Recipient) })
+						slices.SortStableFunc(items, func(a, b inbox.Item) int { return cmp.Compare(a.Recipient, b.Recipient) })
 						slices.SortStableFunc(entries, func(a, b entry) int { return cmp.Compare(a.user, b.user) })
 						work = append(work, byPartition(items, itemRecipient, partitions, benchChunk))
 						raw = append(raw, byPartition(entries, func(e entry) domain.UserID { return e.user }, partitions, benchChunk))
@@ -341,14 +343,14 @@ func fanoutPair(b *testing.B, rdb *redis.Client, store *feeds.Store, posts *benc
 	n := rounds * len(audiences)
 	post := make([]domain.PostID, n)
 	keys := make([][][][]domain.UserID, n)
-	work := make([][][][]feeds.Item, n)
+	work := make([][][][]inbox.Item, n)
 	for r := range n {
 		followers := audiences[r%len(audiences)]
 		*seq++
 		post[r] = posts.next()
-		items := make([]feeds.Item, len(followers))
+		items := make([]inbox.Item, len(followers))
 		for i, f := range followers {
-			items[i] = feeds.Item{Recipient: f, Seq: *seq, Op: feeds.OpPush, Posts: []domain.PostID{post[r]}}
+			items[i] = inbox.Item{Recipient: f, Seq: *seq, Op: inbox.OpPush, Posts: []domain.PostID{post[r]}}
 		}
 		work[r] = byPartition(items, itemRecipient, partitions, benchChunk)
 		keys[r] = byPartition(followers, self, partitions, benchChunk)
@@ -398,7 +400,7 @@ func reportFanout(b *testing.B, raws, applies []rate, ratios []float64) (raw, ap
 
 // applyAll applies each fan-out's work in turn, as the appliers do, and fails
 // unless each applied want items: every follower's inbox must take the posts.
-func applyAll(ctx context.Context, store *feeds.Store, work [][][][]feeds.Item, want int64) error {
+func applyAll(ctx context.Context, store *feeds.Store, work [][][][]inbox.Item, want int64) error {
 	for _, w := range work {
 		applied, err := applyChunks(ctx, store, w)
 		if err != nil {
@@ -484,9 +486,9 @@ func redisCPU(b *testing.B, rdb *redis.Client) float64 {
 func setupFollowers(b *testing.B, rdb *redis.Client, store *feeds.Store, followers []domain.UserID, posts []domain.PostID, seq uint64) {
 	b.Helper()
 	ctx := context.Background()
-	items := make([]feeds.Item, len(followers))
+	items := make([]inbox.Item, len(followers))
 	for i, f := range followers {
-		items[i] = feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpMaterialise, Posts: posts}
+		items[i] = inbox.Item{Recipient: f, Seq: seq, Op: inbox.OpMaterialise, Posts: posts}
 	}
 	applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1, setupChunk))
 	if err != nil {
@@ -510,11 +512,11 @@ func fillPastCap(b *testing.B, rdb *redis.Client, store *feeds.Store, followers 
 	ctx := context.Background()
 	size := min(store.Config().SegmentSize, store.Config().InboxCap)
 	rng := rand.New(rand.NewPCG(uint64(len(followers)), uint64(followers[0])))
-	var items []feeds.Item
+	var items []inbox.Item
 	for _, f := range followers {
 		fill := posts.take(rng.IntN(size))
 		for j, p := range fill {
-			items = append(items, feeds.Item{Recipient: f, Seq: *seq + uint64(j) + 1, Op: feeds.OpPush, Posts: []domain.PostID{p}})
+			items = append(items, inbox.Item{Recipient: f, Seq: *seq + uint64(j) + 1, Op: inbox.OpPush, Posts: []domain.PostID{p}})
 		}
 	}
 	*seq += uint64(size)
@@ -569,11 +571,11 @@ func BenchmarkInboxMemory(b *testing.B) {
 		// Each iteration its own users and posts, so each adds a full set.
 		all := posts.take(size * 4)
 		before := usedMemory(b, rdb)
-		items := make([]feeds.Item, inboxes)
+		items := make([]inbox.Item, inboxes)
 		for i := range items {
 			// Followees' posts overlap from inbox to inbox, as they do.
 			start := (i * 7) % (len(all) - size)
-			items[i] = feeds.Item{Recipient: domain.UserID(round*inboxes + i + 1), Seq: 1, Op: feeds.OpMaterialise, Posts: all[start : start+size]}
+			items[i] = inbox.Item{Recipient: domain.UserID(round*inboxes + i + 1), Seq: 1, Op: inbox.OpMaterialise, Posts: all[start : start+size]}
 		}
 		applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1, setupChunk))
 		if err != nil {
@@ -584,7 +586,7 @@ func BenchmarkInboxMemory(b *testing.B) {
 		}
 		after := usedMemory(b, rdb)
 		// One inbox is its meta and its segments.
-		keys, err := store.InboxKeys(ctx, domain.UserID(round*inboxes+1))
+		keys, err := inbox.Keys(ctx, store, domain.UserID(round*inboxes+1))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 // BenchmarkFanoutInstructions counts what BenchmarkFanout times: the
@@ -80,11 +81,11 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 		b.ReportMetric(apply.lookups, "lookup-share")
 		fmt.Fprintf(os.Stderr, "%-28s | %14.0f | %14.0f | %5.2f | %3.0f %%\n", name, apply.perEntry, raw.perEntry, raw.perEntry/apply.perEntry, 100*apply.lookups)
 	}
-	for ci, inbox := range []int{20, 500} {
-		b.Run(fmt.Sprintf("inbox=%d", inbox), func(b *testing.B) {
+	for ci, size := range []int{20, 500} {
+		b.Run(fmt.Sprintf("inbox=%d", size), func(b *testing.B) {
 			followers := benchFollowers(ci, followersN)
-			setupFollowers(b, rdb, store, followers, old[len(old)-inbox:], seq)
-			if inbox == store.Config().InboxCap {
+			setupFollowers(b, rdb, store, followers, old[len(old)-size:], seq)
+			if size == store.Config().InboxCap {
 				fillPastCap(b, rdb, store, followers, posts, &seq)
 			}
 			keys := byPartition(followers, self, 1, benchChunk)
@@ -101,16 +102,16 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 					for range rounds {
 						seq++
 						p := posts.next()
-						items := make([]feeds.Item, len(followers))
+						items := make([]inbox.Item, len(followers))
 						for i, f := range followers {
-							items[i] = feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpPush, Posts: []domain.PostID{p}}
+							items[i] = inbox.Item{Recipient: f, Seq: seq, Op: inbox.OpPush, Posts: []domain.PostID{p}}
 						}
-						if err := applyAll(ctx, store, [][][][]feeds.Item{byPartition(items, itemRecipient, 1, benchChunk)}, followersN); err != nil {
+						if err := applyAll(ctx, store, [][][][]inbox.Item{byPartition(items, itemRecipient, 1, benchChunk)}, followersN); err != nil {
 							b.Fatal(err)
 						}
 					}
 				})
-				report(b, fmt.Sprintf("lone pushes, inbox %d", inbox), raw, apply)
+				report(b, fmt.Sprintf("lone pushes, inbox %d", size), raw, apply)
 			}
 		})
 	}
@@ -124,14 +125,14 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 			entries := float64(rounds / 2 * followersN * run)
 			// runs is one call's items: each follower gets run of the batch's
 			// posts, its own pick, in the log's order.
-			runs := func() []feeds.Item {
+			runs := func() []inbox.Item {
 				fresh := posts.take(batch)
-				var items []feeds.Item
+				var items []inbox.Item
 				for _, f := range followers {
 					picked := rng.Perm(batch)[:run]
 					slices.Sort(picked)
 					for _, k := range picked {
-						items = append(items, feeds.Item{Recipient: f, Seq: seq + uint64(k) + 1, Op: feeds.OpPush, Posts: []domain.PostID{fresh[k]}})
+						items = append(items, inbox.Item{Recipient: f, Seq: seq + uint64(k) + 1, Op: inbox.OpPush, Posts: []domain.PostID{fresh[k]}})
 					}
 				}
 				seq += uint64(batch)
@@ -148,7 +149,7 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 				apply := count(entries, func() {
 					for range rounds / 2 {
 						items := runs()
-						if err := applyAll(ctx, store, [][][][]feeds.Item{byPartition(items, itemRecipient, 1, benchChunk)}, int64(len(items))); err != nil {
+						if err := applyAll(ctx, store, [][][][]inbox.Item{byPartition(items, itemRecipient, 1, benchChunk)}, int64(len(items))); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -171,7 +172,7 @@ func benchFollowers(ci, n int) []domain.UserID {
 
 // rawZAddItems is rawZAdd for items that differ by recipient: one ZADD of each
 // item's post into its recipient's raw key, pipelined benchChunk at a time.
-func rawZAddItems(ctx context.Context, rdb *redis.Client, items []feeds.Item) error {
+func rawZAddItems(ctx context.Context, rdb *redis.Client, items []inbox.Item) error {
 	for c := range slices.Chunk(items, benchChunk) {
 		pipe := rdb.Pipeline()
 		for _, it := range c {
