@@ -40,4 +40,3 @@ func (s *Store) CheckEviction(ctx context.Context) (evicts bool, policy string, 
 	policy = kv["maxmemory-policy"]
 	return kv["maxmemory"] != "0" && policy != "noeviction", policy, nil
 }
-

@@ -80,4 +80,3 @@ func (c Config) withDefaults() Config {
 	c.BigMargin = min(c.BigMargin, c.BigThreshold)
 	return c
 }
-

@@ -120,4 +120,3 @@ func ParseUsers(ms []string, what string, err error) ([]domain.UserID, error) {
 	}
 	return users, nil
 }
-

@@ -154,4 +154,3 @@ func (s inboxes) runApply(ctx context.Context, calls []*applyCall) (applied int,
 	}
 	return applied, missing, err
 }
-

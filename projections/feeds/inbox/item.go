@@ -89,4 +89,3 @@ func (it Item) check() error {
 	}
 	return nil
 }
-

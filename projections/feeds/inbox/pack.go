@@ -231,4 +231,3 @@ func newest(posts []domain.PostID, floor int64, limit int) ([]domain.PostID, int
 	kept = kept[:limit]
 	return kept, int64(kept[limit-1])
 }
-

@@ -387,4 +387,3 @@ const maxSeq = 1<<52 - 2
 
 // seqOf is the log sequence of an inbox's "s" score.
 func seqOf(score float64) uint64 { return uint64((int64(score) + 1<<54) / 2) }
-
