@@ -42,11 +42,11 @@ const callArgs = 512
 // not one. Only a batch of hundreds of events makes a message that large, and
 // the planner's batches grow that large only while the feeds are behind
 // (PendingWork). Then each recipient's run is long, a call carries about one
-// recipient, and a round trip of one call waited some ten times its
-// Redis's work: the appliers were bound by their round trips at about the
-// input's rate, so lag that built up never drained. Four calls a trip spread that wait over four times the work;
-// while the feeds keep up, messages are smaller and the planner's round trips
-// wait behind no more than one call (decision 40).
+// recipient, and a round trip of one call waits far longer than Redis works
+// on it: appliers bound by their round trips apply at about the input's rate,
+// so lag that built up never drains. Four calls a trip spread that wait over
+// four times the work; while the feeds keep up, messages are smaller and the
+// planner's round trips wait behind no more than one call (decision 40).
 const (
 	catchUpItems = 4000
 	catchUpArgs  = 4 * callArgs

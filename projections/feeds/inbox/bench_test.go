@@ -24,9 +24,9 @@ import (
 )
 
 const (
-	// benchChunk is how many items the planner put in one fan-out message
-	// (PlannerConfig.ItemsPerMessage's default until session 25; kept so that
-	// the figures compare), so how many one ApplyItems call of an applier gets.
+	// benchChunk is how many items one inbox.Apply call of an applier gets:
+	// an earlier default of PlannerConfig.ItemsPerMessage, kept so that the
+	// figures compare.
 	benchChunk = 2000
 	// setupChunk is how many inboxes one setup call materialises: each takes
 	// some 3.7 ms of Redis when full, and a pipeline must finish within the
@@ -183,7 +183,7 @@ func rawZAdd(ctx context.Context, rdb *redis.Client, parts [][][]domain.UserID, 
 // big account whose posts are not pushed; the row shows what the appliers
 // could do if they were.)
 //
-//	go test -run '^$' -bench BenchmarkFanout -benchtime 1x ./projections/feeds
+//	go test -run '^$' -bench BenchmarkFanout -benchtime 1x ./projections/feeds/inbox
 func BenchmarkFanout(b *testing.B) {
 	rdb := benchRedis(b)
 	store := feeds.NewStore(rdb, feeds.Config{})
@@ -240,7 +240,7 @@ func BenchmarkFanout(b *testing.B) {
 // recipient under load (its planner's batches of some 30 events), so a run's
 // fixed cost weighs most in the burst of two.
 //
-//	go test -run '^$' -bench BenchmarkFanoutBurst -benchtime 1x ./projections/feeds
+//	go test -run '^$' -bench BenchmarkFanoutBurst -benchtime 1x ./projections/feeds/inbox
 func BenchmarkFanoutBurst(b *testing.B) {
 	const (
 		followersN = 1000
@@ -559,7 +559,7 @@ func setupRaw(b *testing.B, rdb *redis.Client, followers []domain.UserID, posts 
 // through ApplyItems, and the growth of INFO's used_memory per post is printed
 // next to one inbox's MEMORY USAGE per post (target <= 24 bytes).
 //
-//	go test -run '^$' -bench BenchmarkInboxMemory -benchtime 1x ./projections/feeds
+//	go test -run '^$' -bench BenchmarkInboxMemory -benchtime 1x ./projections/feeds/inbox
 func BenchmarkInboxMemory(b *testing.B) {
 	const inboxes = 1000
 	ctx := context.Background()

@@ -26,9 +26,9 @@ import (
 // push also trims), next to the same entries as raw pipelined ZADDs into keys
 // laid out the same way, and their ratio. Two more cases are runs into full
 // inboxes, each call giving every follower a run of 8 of a batch's 50 posts
-// (the bench's mixed phase as it was in session 15) and of 2 of 20 (as it is
-// since session 23, with the planner's batches of some 30 events). Beside each count it prints the
-// share of the appliers' instructions that ZADD spends looking up the members
+// (large batches) and of 2 of 20 (the planner's batches of some 30 events).
+// Beside each count it prints the share of the appliers' instructions that
+// ZADD spends looking up the members
 // it adds (zzlFind: a listpack is scanned from its head for every member, and
 // a new post is in none, so each scans the whole inbox). The server runs
 // under valgrind's callgrind with instrumentation off, switched on
@@ -37,13 +37,13 @@ import (
 // Time on this machine moves with everything else running on it, by a third
 // between two measurements of the same code; an instruction count moved by
 // under 0.5 % between runs, so this tells two versions of the apply script
-// apart where the timed benchmark cannot. It leaves out what the kernel does for the network,
-// which a raw ZADD spends more of, per entry, than a push: the ratio here is
+// apart where the timed benchmark cannot. It leaves out what the kernel does
+// for the network, which a raw ZADD spends more of, per entry, than a push: the ratio here is
 // lower than the timed one. It is skipped unless valgrind, callgrind_control
 // and callgrind_annotate are installed (Debian's valgrind package). The
 // server runs many times slower under it; a run takes about a minute.
 //
-//	go test -run '^$' -bench BenchmarkFanoutInstructions -benchtime 1x ./projections/feeds
+//	go test -run '^$' -bench BenchmarkFanoutInstructions -benchtime 1x ./projections/feeds/inbox
 func BenchmarkFanoutInstructions(b *testing.B) {
 	for _, tool := range []string{"valgrind", "callgrind_control", "callgrind_annotate"} {
 		if _, err := exec.LookPath(tool); err != nil {
