@@ -287,7 +287,7 @@ func TestApplyItems(t *testing.T) {
 // one batch: each inbox sees its own items in order, the other's not at all.
 // TestApplyItemsAcrossSegments checks the edges of an inbox's segments (see
 // apply.lua), with segments of 2 posts and a cap of 6 (8 at most): each call of when is
-// one ApplyItems, so that a single push takes the lone push's path.
+// one inbox.Apply, so that a single push takes the lone push's path.
 func TestApplyItemsAcrossSegments(t *testing.T) {
 	t.Parallel()
 	s, rdb := newStore(t, feeds.Config{InboxCap: 6, SegmentSize: 2})
@@ -545,7 +545,7 @@ func (m *inboxModel) add(posts []domain.PostID) {
 	}
 }
 
-// applyAll applies one recipient's items of an ApplyItems call, in order, as
+// applyAll applies one recipient's items of an inbox.Apply call, in order, as
 // apply.lua does: a run of pushes at once, then trimmed, and each other item
 // on its own. size is the store's segment size.
 func (m *inboxModel) applyAll(items []inbox.Item, limit, size int) {
@@ -909,7 +909,7 @@ func runsToInboxes(t *testing.T, users domain.UserID, n int) (*feeds.Store, []in
 	return s, items, h
 }
 
-// TestApplyItemsSendsACallATrip: the calls of a large ApplyItems go one a
+// TestApplyItemsSendsACallATrip: the calls of a large inbox.Apply go one a
 // round trip, so that Redis turns to its other clients between them (see
 // stCallArgs), and all of them apply.
 func TestApplyItemsSendsACallATrip(t *testing.T) {

@@ -163,7 +163,7 @@ func rawZAdd(ctx context.Context, rdb *redis.Client, parts [][][]domain.UserID, 
 }
 
 // BenchmarkFanout measures, in one run on one Redis, the inbox entries per
-// second the appliers write with Store.ApplyItems while fanning out a post of
+// second the appliers write with inbox.Apply while fanning out a post of
 // an author with 10, 1 000 and 50 000 followers, every follower's inbox
 // materialised (20 posts; and, for 1 000 followers, full at 500 so every push
 // also trims), the work split and chunked as the planner does (2 000 items a
@@ -478,7 +478,7 @@ func redisCPU(b *testing.B, rdb *redis.Client) float64 {
 }
 
 // setupFollowers materialises each follower's inbox with posts through
-// ApplyItems and gives each a raw key holding the same members. One partition
+// inbox.Apply and gives each a raw key holding the same members. One partition
 // does it: a message materialising 200 full inboxes takes about a second (some
 // 3.7 ms of Redis per inbox), and four at once outlast go-redis's 3 s read
 // timeout, whose silent retry of the pipeline finds the inboxes made and
@@ -556,7 +556,7 @@ func setupRaw(b *testing.B, rdb *redis.Client, followers []domain.UserID, posts 
 
 // BenchmarkInboxMemory measures, on one Redis configured as in production, the
 // memory an inbox entry takes: 1 000 inboxes of 500 posts are materialised
-// through ApplyItems, and the growth of INFO's used_memory per post is printed
+// through inbox.Apply, and the growth of INFO's used_memory per post is printed
 // next to one inbox's MEMORY USAGE per post (target <= 24 bytes).
 //
 //	go test -run '^$' -bench BenchmarkInboxMemory -benchtime 1x ./projections/feeds/inbox

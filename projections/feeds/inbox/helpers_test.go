@@ -53,7 +53,7 @@ func unmerge(seq uint64, floor int64, posts ...domain.PostID) inbox.Item {
 	return inbox.Item{Recipient: alice, Seq: seq, Op: inbox.OpUnmerge, Posts: posts, Floor: floor}
 }
 
-// inboxState is what Store.Inbox reports.
+// inboxState is what inbox.ReadAll reports.
 type inboxState struct {
 	posts []domain.PostID
 	floor int64
