@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 )
@@ -30,7 +31,7 @@ type testNATS struct {
 
 func natsForTest(t *testing.T) testNATS {
 	t.Helper()
-	ns := localstack.NATSForTest(t)
+	ns := localstacktest.NATSForTest(t)
 	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)

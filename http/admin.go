@@ -65,7 +65,7 @@ func registerAdmin(app *fiber.App, deps Deps) {
 	only := deps.Auth.requireAdmin
 	app.Post("/admin/rebuild/:projector", noBody, only, a.startRebuild)
 	app.Get("/admin/rebuild/:projector", only, a.rebuildStatus)
-	app.Post("/admin/media/collect", only, a.collectMedia)
+	app.Post("/admin/media/collect", noBody, only, a.collectMedia)
 }
 
 // collectMedia runs a collection of unreferenced images and answers what it

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/http/media"
@@ -45,7 +46,7 @@ func newTestApp(t *testing.T, checks ...Check) *testApp {
 // newTestAppConfig is newTestApp with the server's knobs set.
 func newTestAppConfig(t *testing.T, cfg Config, checks ...Check) *testApp {
 	t.Helper()
-	ns := localstack.NATSForTest(t)
+	ns := localstacktest.NATSForTest(t)
 	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)

@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/http/media"
@@ -80,7 +80,7 @@ func (pullOnly) RequestMaterialise(context.Context, domain.UserID) error { retur
 
 func newHomeBench(b *testing.B) *homeBench {
 	b.Helper()
-	stack := localstack.ForTest(b)
+	stack := localstacktest.ForTest(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	nc, err := nats.Connect(stack.NATS.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	if err != nil {

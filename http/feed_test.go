@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/http/media"
@@ -95,7 +96,7 @@ func newFeedWorld(t *testing.T, cfg feeds.Config) *feedWorld {
 // when startReadModel is closed (nil: at once).
 func newFeedWorldWith(t *testing.T, cfg feeds.Config, startReadModel <-chan struct{}) *feedWorld {
 	t.Helper()
-	stack := localstack.ForTest(t)
+	stack := localstacktest.ForTest(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	nc, err := nats.Connect(stack.NATS.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	require.NoError(t, err)

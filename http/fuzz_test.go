@@ -31,7 +31,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/http/media"
@@ -80,7 +80,7 @@ func (b *logBuffer) take() string {
 // its *testing.F), logging into a buffer.
 func newFuzzApp(tb testing.TB) *fuzzApp {
 	tb.Helper()
-	ns := localstack.NATSForTest(tb)
+	ns := localstacktest.NATSForTest(tb)
 	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	require.NoError(tb, err)
 	tb.Cleanup(nc.Close)

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/http/media"
@@ -52,8 +52,8 @@ type collectWorld struct {
 // collector sees it (nil: as it is).
 func newCollectWorld(t *testing.T, grace time.Duration, startReadModel <-chan struct{}, refs func(media.References) media.References) *collectWorld {
 	t.Helper()
-	ns := localstack.NATSForTest(t)
-	pg := localstack.PostgresForTest(t)
+	ns := localstacktest.NATSForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	nc, err := nats.Connect(ns.ClientURL())
 	require.NoError(t, err)

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -26,7 +26,7 @@ import (
 func readModelDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
-	pg := localstack.PostgresForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	require.NoError(t, migrations.Up(ctx, pg.URL(), migrations.Schema))
 	pool, err := readmodel.OpenPool(ctx, pg.URL(), migrations.Schema, 0)
 	require.NoError(t, err)

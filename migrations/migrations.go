@@ -1,12 +1,6 @@
-// Package migrations holds the read model's schema as numbered SQL files
-// (golang-migrate's NNNNNN_name.up.sql / .down.sql), embedded in the binary and
-// applied at start.
-//
-// The files name no schema: they are applied inside a Postgres schema of the
-// caller's choice (the live read model's, Schema, or a rebuild's shadow), which
-// also holds that schema's own migration version table. A read model is a
-// schema, so a rebuild builds a whole new one beside the live one and swaps the
-// two names in one transaction.
+// Package migrations holds the read model's schema as numbered SQL files,
+// embedded and applied at start inside a Postgres schema of the caller's
+// choice (the live read model's, or a rebuild's shadow, swapped in later).
 package migrations
 
 import (

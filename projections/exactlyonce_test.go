@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/cmd/localstack/natscluster"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
@@ -56,8 +57,8 @@ type onceRig struct {
 func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceRig {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	pg := localstack.PostgresForTest(t)
-	rd := localstack.RedisForTest(t)
+	pg := localstacktest.PostgresForTest(t)
+	rd := localstacktest.RedisForTest(t)
 	rig := &onceRig{}
 	rig.live, rig.clean = onceDatabase(t, pg, "live"), onceDatabase(t, pg, "clean")
 
@@ -430,7 +431,7 @@ func TestNoEventSkippedWhenTheProjectorsNodeOrTheLeaderIsKilled(t *testing.T) {
 // random points, each just as messages are on their way: events to the
 // runners, or work to the appliers, in turn.
 func TestNoEventSkippedWhenTheProjectorsConnectionIsCut(t *testing.T) {
-	ns := localstack.NATSForTest(t)
+	ns := localstacktest.NATSForTest(t)
 	proxy := natscluster.NewProxy(t, ns.Server().Addr().String())
 	rig := newOnceRig(t, ns.ClientURL(), proxy.URL(), 1)
 	stopLoad := rig.load(4, 5*time.Millisecond)

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections"
@@ -24,7 +24,7 @@ import (
 // testLog is an event log on an embedded server of the test's own.
 func testLog(t *testing.T) *events.Log {
 	t.Helper()
-	log, err := events.OpenLog(context.Background(), localstack.JetStreamForTest(t), events.Config{}, nil)
+	log, err := events.OpenLog(context.Background(), localstacktest.JetStreamForTest(t), events.Config{}, nil)
 	require.NoError(t, err)
 	t.Cleanup(log.Close)
 	return log

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
@@ -12,11 +13,13 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/domain"
 	feedhttp "github.com/feedproject/feed/http"
 )
@@ -25,18 +28,18 @@ import (
 func TestREADMEDocumentsEveryVariable(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
-	for _, v := range variables {
+	for _, v := range stack.Variables {
 		def := " |"
-		if v.def != "" {
-			def = fmt.Sprintf(" `%s` |", v.def)
+		if v.Default != "" {
+			def = fmt.Sprintf(" `%s` |", v.Default)
 		}
-		row := fmt.Sprintf("| `%s` |%s", v.name, def)
+		row := fmt.Sprintf("| `%s` |%s", v.Name, def)
 		assert.Contains(t, string(readme), row, "README lacks the row %q", row)
 	}
 }
 
 func TestDefaults(t *testing.T) {
-	cfg, err := parseConfig(func(string) string { return "" })
+	cfg, err := stack.Parse(func(string) string { return "" })
 	require.NoError(t, err)
 	assert.Equal(t, ":8080", cfg.HTTPAddr)
 	assert.Equal(t, ".data", cfg.DataDir)
@@ -61,7 +64,7 @@ func TestTokenMintsAVerifiableToken(t *testing.T) {
 	// Without a secret it signs with the one dev mode accepts, and says so.
 	out.Reset()
 	require.NoError(t, run(context.Background(), []string{"token", "--user", "7"}, func(string) string { return "" }, &out, &errOut))
-	auth, err = feedhttp.NewAuthenticator(devJWTSecret, nil)
+	auth, err = feedhttp.NewAuthenticator(stack.DevJWTSecret, nil)
 	require.NoError(t, err)
 	_, err = auth.Authenticate(strings.TrimSpace(out.String()))
 	require.NoError(t, err)
@@ -74,52 +77,53 @@ func TestTokenMintsAVerifiableToken(t *testing.T) {
 }
 
 func TestServeRefusesWithoutASecret(t *testing.T) {
-	cfg, err := parseConfig(func(string) string { return "" })
+	cfg, err := stack.Parse(func(string) string { return "" })
 	require.NoError(t, err)
-	_, err = cfg.jwtSecret(false)
+	_, err = cfg.TokenSecret(false)
 	require.Error(t, err)
-	secret, err := cfg.jwtSecret(true)
+	secret, err := cfg.TokenSecret(true)
 	require.NoError(t, err)
-	assert.Equal(t, devJWTSecret, secret)
+	assert.Equal(t, stack.DevJWTSecret, secret)
 }
 
-// TestServiceSetsItsGCTargetUnlessGOGCIs: the service runs its collector at
-// gcPercent, but an operator's GOGC wins.
-func TestServiceSetsItsGCTargetUnlessGOGCIs(t *testing.T) {
-	prev := debug.SetGCPercent(100)
-	t.Cleanup(func() { debug.SetGCPercent(prev) })
-
-	pct, set := setGCPercent(func(string) (string, bool) { return "", false })
-	assert.False(t, set)
-	assert.Equal(t, gcPercent, pct)
-	assert.Equal(t, gcPercent, debug.SetGCPercent(150), "the target in force")
-
-	pct, set = setGCPercent(func(k string) (string, bool) { return "150", k == "GOGC" })
-	assert.True(t, set)
-	assert.Equal(t, 150, pct, "what GOGC set is left alone")
-	assert.Equal(t, 150, debug.SetGCPercent(prev))
+// TestServiceLeavesTheRuntimeAlone: serve changes neither the collector's
+// target nor the scheduler's Ps; GOGC and GOMAXPROCS, which the runtime reads
+// itself, are the operator's (decision 56).
+func TestServiceLeavesTheRuntimeAlone(t *testing.T) {
+	prevGC, prevProcs := debug.SetGCPercent(137), runtime.GOMAXPROCS(3)
+	t.Cleanup(func() {
+		debug.SetGCPercent(prevGC)
+		runtime.GOMAXPROCS(prevProcs)
+	})
+	cfg, err := stack.Parse(envMap(map[string]string{
+		"FEED_JWT_SECRET": "a-secret-of-sixteen-bytes-or-more",
+		"NATS_URL":        "nats://127.0.0.1:1", "REDIS_URL": "redis://127.0.0.1:1", "DATABASE_URL": "postgres://127.0.0.1:1/feed",
+	}))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// Nothing listens on port 1: serve fails as it connects, after its start.
+	require.Error(t, serve(ctx, cfg, false, slog.New(slog.DiscardHandler), io.Discard))
+	assert.Equal(t, 137, debug.SetGCPercent(137), "the GC target")
+	assert.Equal(t, 3, runtime.GOMAXPROCS(0), "the Ps")
 }
 
-// TestServiceRunsTwicePsAsCPUsUnlessGOMAXPROCSIs: the service runs
-// procsPerCPU Ps a CPU, however many times serve starts in one process, but
-// an operator's GOMAXPROCS wins.
-func TestServiceRunsTwicePsAsCPUsUnlessGOMAXPROCSIs(t *testing.T) {
-	prev := runtime.GOMAXPROCS(0)
-	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
-	unset := func(string) (string, bool) { return "", false }
+// TestDevRedisRealtimeIsOptIn: dev's Redis runs under SCHED_FIFO only when
+// FEED_DEV_REDIS_REALTIME names a priority.
+func TestDevRedisRealtimeIsOptIn(t *testing.T) {
+	cfg, err := stack.Parse(envMap(nil))
+	require.NoError(t, err)
+	assert.Zero(t, devRedisConfig(cfg).Realtime, "by default")
+	assert.Equal(t, devRedisNice, devRedisConfig(cfg).Nice)
 
-	for range 2 {
-		procs, set := setProcs(unset)
-		assert.False(t, set)
-		assert.Equal(t, procsPerCPU*defaultProcs, procs)
-		assert.Equal(t, procsPerCPU*defaultProcs, runtime.GOMAXPROCS(0), "the Ps in force, not compounded")
+	cfg, err = stack.Parse(envMap(map[string]string{"FEED_DEV_REDIS_REALTIME": "1"}))
+	require.NoError(t, err)
+	assert.Equal(t, 1, devRedisConfig(cfg).Realtime)
+
+	for _, bad := range []string{"100", "-1", "yes"} {
+		_, err = stack.Parse(envMap(map[string]string{"FEED_DEV_REDIS_REALTIME": bad}))
+		assert.ErrorContains(t, err, "FEED_DEV_REDIS_REALTIME", bad)
 	}
-
-	runtime.GOMAXPROCS(3)
-	procs, set := setProcs(func(k string) (string, bool) { return "3", k == "GOMAXPROCS" })
-	assert.True(t, set)
-	assert.Equal(t, 3, procs, "what GOMAXPROCS set is left alone")
-	assert.Equal(t, 3, runtime.GOMAXPROCS(0))
 }
 
 // TestReadersGiveUpOnRedisAtOnce: a read against a Redis that refuses

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	feedhttp "github.com/feedproject/feed/http"
@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(localstack.RunTests(m))
+	os.Exit(localstacktest.RunTests(m))
 }
 
 // child is `feed serve` in a process of its own.
@@ -71,12 +71,12 @@ func startChild(t *testing.T, env []string, base string) *child {
 	return c
 }
 
-// TestNoAcknowledgedCommandIsLostWhenTheProcessIsKilled (DESIGN 3.3,
-// invariant 4): commands stream in from several clients, the process is killed
+// TestNoAcknowledgedCommandIsLostWhenTheProcessIsKilled (the guarantee that
+// no acknowledged command is lost, docs/architecture.md): commands stream in from several clients, the process is killed
 // with SIGKILL mid-stream, and after a restart every command that was answered
 // 202 is in the log at the position it was given, and in the read model.
 func TestNoAcknowledgedCommandIsLostWhenTheProcessIsKilled(t *testing.T) {
-	stack := localstack.ForTest(t)
+	stack := localstacktest.ForTest(t)
 	dir := t.TempDir()
 	ports := freePorts(t, 2)
 	httpPort, natsPort := ports[0], ports[1]

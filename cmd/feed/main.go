@@ -8,10 +8,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/cmd/localstack"
 )
 
@@ -59,14 +61,6 @@ Usage:
   feed replay readmodel|feeds|all [--fresh] [--from SEQ | --since 24h] [--batch N] [--quiet]
                rebuild projectors by replaying the log into a shadow beside the
                live state, then switch to it; Ctrl-C leaves it to resume
-  feed bench [--url http://127.0.0.1:PORT] [--users 1000] [--followers 100] [--big 5]
-             [--big-threshold 500] [--post-rate 500] [--read-rate 500]
-             [--cached-read-rate 5000] [--warmup 10s] [--duration 60s]
-             [--read-duration 20s] [--out bench-out] [--seed 1] [--in-process]
-             [--cpuprofile] [--trace 5s]
-               end-to-end load benchmark over HTTP on loopback, against a stack it
-               starts as a process of its own (or --url): writes report.md and
-               chart.png (-h for every flag)
   feed help    this text
 
 Configuration is read from the environment; see the README.
@@ -96,7 +90,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 				return getenv(k)
 			}
 		}
-		cfg, err := parseConfig(env)
+		cfg, err := stack.Parse(env)
 		if err != nil {
 			return err
 		}
@@ -104,15 +98,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		logRedisThrough(logger)
 		return serve(ctx, cfg, cmd == "dev", logger, stdout)
 	case "nats":
-		cfg, err := parseConfig(getenv)
+		cfg, err := stack.Parse(getenv)
 		if err != nil {
 			return err
 		}
-		logger := newLogger(cfg, stderr)
-		if procs, set := setProcs(os.LookupEnv); !set {
-			logger.Info("scheduler's Ps (GOMAXPROCS, when set, takes precedence)", "gomaxprocs", procs)
-		}
-		return localstack.RunNATS(ctx, rest, natsConfig(cfg), stderr, logger)
+		return localstack.RunNATS(ctx, rest, natsConfig(cfg), stderr, newLogger(cfg, stderr))
 	case "tail":
 		return tail(ctx, rest, getenv, stdout, stderr)
 	case "replay", "rebuild":
@@ -121,8 +111,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return status(ctx, rest, getenv, stdout, stderr)
 	case "token":
 		return token(rest, getenv, stdout, stderr)
-	case "bench":
-		return bench(ctx, rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -130,4 +118,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("%w: unknown subcommand %q", errUsage, cmd)
 	}
+}
+
+func newLogger(cfg stack.Config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/cmd/localstack"
 )
 
@@ -261,7 +262,7 @@ func TestServeNeedsRedisAndPostgres(t *testing.T) {
 
 func TestBadConfigurationIsReportedWhole(t *testing.T) {
 	env := map[string]string{"FEED_LOG_LEVEL": "loud", "FEED_ROLES": "api,chef", "FEED_DEDUP_WINDOW": "soon"}
-	_, err := parseConfig(func(k string) string { return env[k] })
+	_, err := stack.Parse(func(k string) string { return env[k] })
 	require.Error(t, err)
 	for _, want := range []string{"FEED_LOG_LEVEL", `unknown role "chef"`, "FEED_DEDUP_WINDOW"} {
 		assert.Contains(t, err.Error(), want)

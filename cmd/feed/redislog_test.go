@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -15,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9/logging"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 )
 
 // TestRedisLogsThroughTheServiceLog: go-redis's own lines (here, dials to a
@@ -26,7 +27,7 @@ func TestRedisLogsThroughTheServiceLog(t *testing.T) {
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close()) // nothing listens there now
 
-	var out lockedBuffer
+	var out localstacktest.SyncBuffer
 	logRedisThrough(slog.New(slog.NewJSONHandler(&out, nil)))
 	t.Cleanup(logging.Enable)
 	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
@@ -52,7 +53,7 @@ func TestRedisLogsThroughTheServiceLog(t *testing.T) {
 // line of another kind is not held back by them, and a recovered panic is an
 // error.
 func TestRedisLogIsSampled(t *testing.T) {
-	var out lockedBuffer
+	var out localstacktest.SyncBuffer
 	l := &redisLog{log: slog.New(slog.NewJSONHandler(&out, nil)).With("component", "redis")}
 	ctx := context.Background()
 	for i := range 100 {
@@ -83,22 +84,4 @@ func redisRecords(t *testing.T, out string) []redisRecord {
 		records = append(records, r)
 	}
 	return records
-}
-
-// lockedBuffer is a bytes.Buffer that goroutines may write at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

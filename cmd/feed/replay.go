@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	feedhttp "github.com/feedproject/feed/http"
@@ -211,7 +212,7 @@ func replay(ctx context.Context, args []string, getenv func(string) string, stdo
 	if *batch < 0 {
 		return fmt.Errorf("%w: replay: --batch must be at least 1, or 0 for the projector's own", errUsage)
 	}
-	cfg, err := parseConfig(getenv)
+	cfg, err := stack.Parse(getenv)
 	if err != nil {
 		return err
 	}
@@ -253,8 +254,8 @@ func replay(ctx context.Context, args []string, getenv func(string) string, stdo
 
 // connectRebuilder connects to the log, Redis and Postgres of a running
 // service the way `feed status` does.
-func connectRebuilder(ctx context.Context, cfg config, logger *slog.Logger) (*rebuilder, func(), error) {
-	natsURL := natsURLOf(cfg)
+func connectRebuilder(ctx context.Context, cfg stack.Config, logger *slog.Logger) (*rebuilder, func(), error) {
+	natsURL := cfg.NATSEndpoint()
 	nc, err := nats.Connect(natsURL, nats.Name("feed replay"), nats.Timeout(5*time.Second))
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect nats %s (is the service running?): %w", natsURL, err)
@@ -278,7 +279,7 @@ func connectRebuilder(ctx context.Context, cfg config, logger *slog.Logger) (*re
 		return fail(err)
 	}
 	closers = append(closers, log.Close)
-	redisURL := redisURLOf(cfg)
+	redisURL := cfg.RedisEndpoint()
 	ropts, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return fail(fmt.Errorf("parse REDIS_URL: %w", err))
@@ -289,11 +290,11 @@ func connectRebuilder(ctx context.Context, cfg config, logger *slog.Logger) (*re
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fail(fmt.Errorf("ping redis %s: %w", ropts.Addr, err))
 	}
-	databaseURL := databaseURLOf(cfg)
+	databaseURL := cfg.DatabaseEndpoint()
 	return newRebuilder(ctx, cfg, log, databaseURL, rdb, js, logger), closeAll, nil
 }
 
-func newRebuilder(ctx context.Context, cfg config, log *events.Log, databaseURL string, rdb redis.UniversalClient, js jetstream.JetStream, logger *slog.Logger) *rebuilder {
+func newRebuilder(ctx context.Context, cfg stack.Config, log *events.Log, databaseURL string, rdb redis.UniversalClient, js jetstream.JetStream, logger *slog.Logger) *rebuilder {
 	return &rebuilder{
 		log: log, databaseURL: databaseURL, js: js, logger: logger, ctx: ctx,
 		feeds: feeds.NewStore(rdb, feeds.Config{

@@ -17,7 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/internal/stack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	feedhttp "github.com/feedproject/feed/http"
@@ -31,7 +32,7 @@ import (
 // replayWorld is a stack with a log of posts and follows and nothing
 // projected yet.
 type replayWorld struct {
-	stack *localstack.Stack
+	stack *localstacktest.Stack
 	env   func(string) string
 	log   *events.Log
 	rdb   *redis.Client
@@ -40,8 +41,8 @@ type replayWorld struct {
 
 func newReplayWorld(t *testing.T) *replayWorld {
 	t.Helper()
-	stack := localstack.ForTest(t)
-	w := &replayWorld{stack: stack, env: stackEnv(stack, map[string]string{"FEED_LOG_LEVEL": "warn"})}
+	stack := localstacktest.ForTest(t)
+	w := &replayWorld{stack: stack, env: stack.Env(map[string]string{"FEED_LOG_LEVEL": "warn"})}
 	w.log, _ = openTestLog(t, stack.NATS.ClientURL())
 	ids, err := domain.NewIDGenerator(1)
 	require.NoError(t, err)
@@ -119,7 +120,7 @@ func TestReplayCommandRefusesWhileAnotherRuns(t *testing.T) {
 func TestAdminRebuildRoutes(t *testing.T) {
 	w := newReplayWorld(t)
 	ctx, cancel := context.WithCancel(t.Context())
-	cfg, err := parseConfig(w.env)
+	cfg, err := stack.Parse(w.env)
 	require.NoError(t, err)
 	log, js := openTestLog(t, w.stack.NATS.ClientURL())
 	b := newRebuilder(ctx, cfg, log, w.stack.Postgres.URL(), w.rdb, js, slog.New(slog.DiscardHandler))
@@ -127,7 +128,7 @@ func TestAdminRebuildRoutes(t *testing.T) {
 		cancel()
 		b.wait()
 	})
-	auth, err := feedhttp.NewAuthenticator(devJWTSecret, nil)
+	auth, err := feedhttp.NewAuthenticator(stack.DevJWTSecret, nil)
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
 	srv := feedhttp.NewServer(feedhttp.Deps{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg,

@@ -10,8 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
-	"runtime/debug"
 	"slices"
 	"time"
 
@@ -23,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
@@ -77,7 +76,7 @@ func (in *infra) close() {
 // startInfra brings up (dev: starts) and connects to NATS, Redis and Postgres,
 // applies migrations and opens the event log. On error everything already started
 // is stopped again.
-func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, reg prometheus.Registerer) (_ *infra, err error) {
+func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger, reg prometheus.Registerer) (_ *infra, err error) {
 	in := &infra{}
 	defer func() {
 		if err != nil {
@@ -119,15 +118,7 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 
 	redisURL, databaseURL := cfg.RedisURL, cfg.DatabaseURL
 	if dev && redisURL == "" {
-		rcfg := localstack.RedisConfig{
-			Dir:     filepath.Join(cfg.DataDir, "redis"),
-			Port:    cfg.DevRedisPort,
-			Persist: true,
-			// Inboxes stay compact listpacks up to this many entries.
-			ZSetListpackEntries: listpackEntries(cfg),
-			Realtime:            devRedisRealtime,
-			Nice:                devRedisNice,
-		}
+		rcfg := devRedisConfig(cfg)
 		r, err := localstack.StartRedis(ctx, rcfg, logger)
 		if err != nil {
 			return nil, err
@@ -227,11 +218,8 @@ func startInfra(ctx context.Context, cfg config, dev bool, logger *slog.Logger, 
 // readerOptions are base's for the clients that serve reads, which an
 // outage must turn into a prompt read of Postgres rather than seconds per
 // page: short timeouts, one retry (a pooled connection Redis closed fails
-// once, and the retry dials a new one) made at once, and one attempt a dial.
-// With go-redis's defaults (five attempts a dial, 100 ms apart, and a
-// backoff before the retry), the first pages after Redis stopped took
-// 0.9-2.5 s each, and those after them 16-50 ms against 3 ms, until Redis
-// came back (README, decision 44).
+// once, and the retry dials a new one) made at once, and one attempt a dial
+// (decision 44 has the measurement).
 func readerOptions(base *redis.Options) *redis.Options {
 	o := *base
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 500*time.Millisecond, time.Second, time.Second
@@ -240,31 +228,28 @@ func readerOptions(base *redis.Options) *redis.Options {
 	return &o
 }
 
-// devRedisNice is the child Redis's niceness in development mode. Redis runs
-// every command on one thread, which every projector and feed read waits on;
-// on one small machine shared with the service (two threads of Go at full
-// speed), Postgres and a load generator, the kernel's fair share gave that
-// thread less CPU than it needed, and the whole service queued behind it. At
-// the bench's 500 posts/s on two cores, Redis used 0.50-0.58 of a core at
-// niceness 0 while requests waited 23 ms on average for it (`redis-cli
-// --latency`) and the feeds projector fell behind; reniced it used 0.62 and
-// the projector kept up. A deployment gives Redis cores of its own instead.
+// devRedisNice is the child Redis's niceness in development mode: every
+// projector and feed read waits on Redis's one command thread, which on a
+// small machine shared with the service and Postgres gets less than its share
+// of a CPU at niceness 0 (decision 24). A deployment gives Redis cores of its
+// own instead.
 const devRedisNice = -5
 
-// devRedisRealtime is the realtime priority (SCHED_FIFO) of the child Redis's
-// command thread in development mode, where the process may set one;
-// devRedisNice is the fallback. At niceness -5 the thread still waited for
-// a CPU behind the other threads of a busy two-core machine, in the middle
-// of its commands: under the bench's load, calls that take microseconds took
-// 12-18 ms at times (its slowlog), and every client's round trip waited for
-// them (an applier's averaged 10.8 ms, 5.8 ms of it for Redis's answer).
-// Under SCHED_FIFO it runs whenever it has work; in standard soaks the
-// appliers' round trips fell to 3.9-5.7 ms and ordinary authors' freshness
-// p50 from 442-839 to 132-239 ms (README, session 29). It cannot starve the machine:
-// Redis used under half a core, and the kernel keeps 5 % of each second for
-// the rest. Its forks (the append-only file's rewrites) run at the default
-// policy. A deployment gives Redis cores of its own instead.
-const devRedisRealtime = 1
+// devRedisConfig is the child Redis of development mode: persistent, in the
+// data directory, at devRedisNice, and under SCHED_FIFO only when
+// FEED_DEV_REDIS_REALTIME asks (a realtime thread can take a core from
+// everything else on a laptop; decision 56).
+func devRedisConfig(cfg stack.Config) localstack.RedisConfig {
+	return localstack.RedisConfig{
+		Dir:     filepath.Join(cfg.DataDir, "redis"),
+		Port:    cfg.DevRedisPort,
+		Persist: true,
+		// Inboxes stay compact listpacks up to this many entries.
+		ZSetListpackEntries: listpackEntries(cfg),
+		Realtime:            cfg.DevRedisRealtime,
+		Nice:                devRedisNice,
+	}
+}
 
 // feedFallbacks is how many reads of the pull feed GET /feed makes at once,
 // of a read pool of conns connections: half of them, so that a cache outage
@@ -279,63 +264,14 @@ func feedFallbacks(conns int32) int { return max(1, int(conns)/2) }
 // feeds, and reads timed out waiting for it to hydrate their pages.
 const projectorConns = 2
 
-// gcPercent is the garbage collector's target the service runs with unless
-// GOGC is set. The service holds large caches (posts, pages, like states: a
-// few hundred MiB at their bounds), which every collection marks whole; at
-// Go's default of 100 a collection runs whenever the heap has grown by what
-// is live, and on the bench at the issue's rates garbage collection took a
-// sixth of the service's CPU, on a machine with none to spare. 400 trades
-// memory (the heap may reach about five times what is live) for a quarter of
-// the collections.
-const gcPercent = 400
-
-// setGCPercent applies gcPercent unless GOGC is set (which the runtime has
-// applied already); it returns the target in force and whether GOGC set it.
-func setGCPercent(lookup func(string) (string, bool)) (int, bool) {
-	if _, set := lookup("GOGC"); set {
-		old := debug.SetGCPercent(100)
-		debug.SetGCPercent(old)
-		return old, true
-	}
-	debug.SetGCPercent(gcPercent)
-	return gcPercent, false
-}
-
-// procsPerCPU is how many of the Go scheduler's Ps the service and the NATS
-// server it starts (`feed nats`) each run with for each CPU they may use,
-// unless GOMAXPROCS is set. They share the machine with each other, Redis and
-// Postgres; when the kernel takes a thread off the CPU to run another
-// process, the P that thread holds is held with it, and the goroutines queued
-// on it wait until the thread is back, even while another core is free. With
-// twice as many Ps as CPUs, other threads run them meanwhile (README: Session
-// 31 and 32).
-const procsPerCPU = 2
-
-// defaultProcs is the runtime's own GOMAXPROCS, taken before anything sets
-// it: the CPUs the process may use (its cgroup's limit, if lower).
-var defaultProcs = runtime.GOMAXPROCS(0)
-
-// setProcs applies procsPerCPU to defaultProcs unless GOMAXPROCS is set
-// (which the runtime has applied already); it returns the Ps in force and
-// whether GOMAXPROCS set them. Setting them ends the runtime's own updates to
-// a changed CPU limit (Go 1.25), which a restart picks up.
-func setProcs(lookup func(string) (string, bool)) (int, bool) {
-	if _, set := lookup("GOMAXPROCS"); set {
-		return runtime.GOMAXPROCS(0), true
-	}
-	n := procsPerCPU * defaultProcs
-	runtime.GOMAXPROCS(n)
-	return n, false
-}
-
 // listpackEntries is Redis' zset-max-listpack-entries for the feeds: above the
 // inbox cap and a small inbox's five bookkeeping members, so every inbox stays
 // a listpack.
-func listpackEntries(cfg config) int { return max(1024, cfg.InboxCap+5) }
+func listpackEntries(cfg stack.Config) int { return max(1024, cfg.InboxCap+5) }
 
 // natsConfig is the NATS server that serve and dev run when NATS_URL is unset:
 // `feed nats`, a process of its own (localstack.StartNATSProcess).
-func natsConfig(cfg config) localstack.NATSConfig {
+func natsConfig(cfg stack.Config) localstack.NATSConfig {
 	return localstack.NATSConfig{
 		Dir:          filepath.Join(cfg.DataDir, "nats"),
 		Port:         cfg.NATSPort,
@@ -345,7 +281,7 @@ func natsConfig(cfg config) localstack.NATSConfig {
 }
 
 func syncInterval(s string) time.Duration {
-	d, _ := time.ParseDuration(s) // validated by parseConfig; "always" gives 0
+	d, _ := time.ParseDuration(s) // validated by stack.Parse; "always" gives 0
 	return d
 }
 
@@ -357,13 +293,7 @@ func logStop(logger *slog.Logger, what string, err error) {
 
 // serve runs the configured roles until ctx ends, then shuts down in order: stop
 // taking requests, finish in-flight work, disconnect, stop child processes.
-func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdout io.Writer) error {
-	if pct, set := setGCPercent(os.LookupEnv); !set {
-		logger.Info("garbage collector target (GOGC, when set, takes precedence)", "gogc", pct)
-	}
-	if procs, set := setProcs(os.LookupEnv); !set {
-		logger.Info("scheduler's Ps (GOMAXPROCS, when set, takes precedence)", "gomaxprocs", procs)
-	}
+func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger, stdout io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		// Besides the defaults: go_gc_heap_live_bytes, what the last
@@ -380,7 +310,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	defer in.close()
 
-	secret, err := cfg.jwtSecret(dev)
+	secret, err := cfg.TokenSecret(dev)
 	if err != nil {
 		return err
 	}
@@ -388,7 +318,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	if err != nil {
 		return fmt.Errorf("FEED_JWT_SECRET: %w", err)
 	}
-	if secret == devJWTSecret {
+	if secret == stack.DevJWTSecret {
 		logger.Warn("using the development JWT secret; set FEED_JWT_SECRET outside development")
 	}
 	ids, err := domain.NewIDGenerator(cfg.NodeID)
@@ -397,7 +327,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	// The media store is the api role's: one process at a time may open a
 	// media directory.
-	api := slices.Contains(cfg.Roles, roleAPI)
+	api := slices.Contains(cfg.Roles, stack.RoleAPI)
 	var store media.Store
 	var pack *media.Pack
 	if api {
@@ -415,7 +345,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	}
 	projMetrics := projections.NewMetrics(reg)
 	var runners []*projections.Runner
-	if slices.Contains(cfg.Roles, roleReadModel) {
+	if slices.Contains(cfg.Roles, stack.RoleReadModel) {
 		runners = append(runners, projections.NewRunner(in.log, readmodel.NewProjector(in.projectorPG, projMetrics),
 			projections.RunnerConfig{}, projMetrics, logger))
 	}
@@ -443,7 +373,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		planner  *fanout.Planner
 		appliers *fanout.Applier
 	)
-	if slices.Contains(cfg.Roles, rolePlanner) || slices.Contains(cfg.Roles, roleAppliers) {
+	if slices.Contains(cfg.Roles, stack.RolePlanner) || slices.Contains(cfg.Roles, stack.RoleAppliers) {
 		planner = fanout.NewPlanner(feedStore, in.js, fanout.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: in.log.Replicas()}, projMetrics)
 		if err := events.RetryUnavailable(ctx, logger, "create or update stream "+fanout.FanoutStream, func() error {
 			return planner.EnsureStream(ctx)
@@ -452,7 +382,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		}
 	}
 	var maintenance *repair.Maintenance
-	if slices.Contains(cfg.Roles, rolePlanner) {
+	if slices.Contains(cfg.Roles, stack.RolePlanner) {
 		runners = append(runners, projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger))
 		maintenance = repair.NewMaintenance(in.redis, feedStore, planner, repair.MaintenanceConfig{Batch: cfg.MaintenanceRate}, logger)
 	}
@@ -460,7 +390,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 		Name: "feed_inbox_repairs_total",
 		Help: "Inbox entries the maintenance round had to repair (ghosts, missing posts, over-long inboxes); zero in a correct system.",
 	}, func() float64 { return float64(feedStore.Repairs()) }))
-	if slices.Contains(cfg.Roles, roleAppliers) {
+	if slices.Contains(cfg.Roles, stack.RoleAppliers) {
 		all := make([]int, cfg.Partitions)
 		for i := range all {
 			all[i] = i
@@ -568,7 +498,7 @@ func serve(ctx context.Context, cfg config, dev bool, logger *slog.Logger, stdou
 	if appliers != nil {
 		g.Go(func() error { return appliers.Run(projCtx) })
 	}
-	if slices.Contains(cfg.Roles, rolePlanner) {
+	if slices.Contains(cfg.Roles, stack.RolePlanner) {
 		g.Go(func() error { return materialiseLoop(projCtx, planner, logger) })
 		g.Go(func() error { return maintenance.Run(projCtx) })
 	}

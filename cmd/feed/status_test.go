@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
@@ -38,8 +38,8 @@ func runStatus(t *testing.T, env func(string) string, args ...string) statusRepo
 func u64(v uint64) *uint64 { return &v }
 
 func TestStatus(t *testing.T) {
-	stack := localstack.ForTest(t)
-	env := stackEnv(stack, nil)
+	stack := localstacktest.ForTest(t)
+	env := stack.Env(nil)
 	ctx := t.Context()
 	log, js := openTestLog(t, stack.NATS.ClientURL())
 	for i := range 8 {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/events"
 )
 
@@ -183,32 +184,6 @@ type tailLine struct {
 // errTailDone ends a tail that reached --until or --limit.
 var errTailDone = errors.New("tail done")
 
-// natsURLOf is the NATS server to connect to: NATS_URL, or the one
-// `feed dev` starts (feed nats) on its loopback port.
-func natsURLOf(cfg config) string {
-	if cfg.NATSURL != "" {
-		return cfg.NATSURL
-	}
-	return fmt.Sprintf("nats://127.0.0.1:%d", cfg.NATSPort)
-}
-
-// redisURLOf is the Redis to connect to: REDIS_URL, or `feed dev`'s child.
-func redisURLOf(cfg config) string {
-	if cfg.RedisURL != "" {
-		return cfg.RedisURL
-	}
-	return fmt.Sprintf("redis://127.0.0.1:%d/0", cfg.DevRedisPort)
-}
-
-// databaseURLOf is the Postgres to connect to: DATABASE_URL, or `feed dev`'s
-// child.
-func databaseURLOf(cfg config) string {
-	if cfg.DatabaseURL != "" {
-		return cfg.DatabaseURL
-	}
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/feed?sslmode=disable", cfg.DevPGPort)
-}
-
 // tail prints the events of the log that match its flags as JSON lines. It
 // reads with an ephemeral ordered consumer and leaves no state on the server.
 func tail(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -216,11 +191,11 @@ func tail(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err != nil {
 		return err
 	}
-	cfg, err := parseConfig(getenv)
+	cfg, err := stack.Parse(getenv)
 	if err != nil {
 		return err
 	}
-	url := natsURLOf(cfg)
+	url := cfg.NATSEndpoint()
 	nc, err := nats.Connect(url, nats.Name("feed tail"))
 	if err != nil {
 		return fmt.Errorf("connect nats %s: %w", url, err)

@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,42 +17,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/events"
 )
 
 // envMap is an environment for run.
 func envMap(kv map[string]string) func(string) string {
 	return func(k string) string { return kv[k] }
-}
-
-// stackEnv is the environment of a service on stack's servers, with extra.
-func stackEnv(stack *localstack.Stack, extra map[string]string) func(string) string {
-	kv := map[string]string{
-		"NATS_URL":     stack.NATS.ClientURL(),
-		"REDIS_URL":    stack.Redis.URL(),
-		"DATABASE_URL": stack.Postgres.URL(),
-	}
-	maps.Copy(kv, extra)
-	return envMap(kv)
-}
-
-// syncBuffer is a bytes.Buffer safe to read while run writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // openTestLog connects to url and opens the event log there.
@@ -103,7 +72,7 @@ func runTail(t *testing.T, env func(string) string, args ...string) []uint64 {
 }
 
 func TestTail(t *testing.T) {
-	url := localstack.NATSForTest(t).ClientURL()
+	url := localstacktest.NATSForTest(t).ClientURL()
 	env := envMap(map[string]string{"NATS_URL": url})
 	log, js := openTestLog(t, url)
 	ctx := t.Context()
@@ -177,7 +146,7 @@ func TestTail(t *testing.T) {
 	t.Run("new follows appends until cancelled", func(t *testing.T) {
 		tctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		var out syncBuffer
+		var out localstacktest.SyncBuffer
 		done := make(chan error, 1)
 		go func() { done <- run(tctx, []string{"tail", "--user", "4"}, env, &out, io.Discard) }()
 		stream, err := js.Stream(ctx, "FEED_EVENTS")

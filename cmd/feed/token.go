@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/domain"
 	feedhttp "github.com/feedproject/feed/http"
 )
@@ -28,12 +29,12 @@ func token(args []string, getenv func(string) string, stdout, stderr io.Writer) 
 	if *ttl <= 0 {
 		return fmt.Errorf("%w: --ttl must be positive", errUsage)
 	}
-	cfg, err := parseConfig(getenv)
+	cfg, err := stack.Parse(getenv)
 	if err != nil {
 		return err
 	}
-	secret, _ := cfg.jwtSecret(true)
-	if secret == devJWTSecret {
+	secret, _ := cfg.TokenSecret(true)
+	if secret == stack.DevJWTSecret {
 		fmt.Fprintln(stderr, "feed token: FEED_JWT_SECRET is unset; signing with the development secret that `feed dev` accepts")
 	}
 	auth, err := feedhttp.NewAuthenticator(secret, nil)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 )
 
 // crashHelperEnv switches TestCrashHelper from a no-op into the body of a
@@ -68,7 +69,7 @@ func TestChildDiesWhenParentCrashes(t *testing.T) {
 		// Reuse a stopped test cluster so the helper need not run initdb.
 		// Under root this also proves Pdeathsig survives the switch to the
 		// postgres user (it is set after setuid, which would clear it).
-		p := localstack.PostgresForTest(t)
+		p := localstacktest.PostgresForTest(t)
 		require.NoError(t, p.Stop())
 		crashAndCheck(t, "postgres", p.Dir())
 	})

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 )
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -50,7 +51,7 @@ func requireGone(t *testing.T, pid int) {
 
 func TestNATSForTestJetStream(t *testing.T) {
 	t.Parallel()
-	n := localstack.NATSForTest(t)
+	n := localstacktest.NATSForTest(t)
 
 	nc, err := nats.Connect(n.ClientURL())
 	require.NoError(t, err)
@@ -178,7 +179,7 @@ func newRedisClient(t *testing.T, url string) *redis.Client {
 
 func TestRedisForTestSetGetAndStop(t *testing.T) {
 	t.Parallel()
-	r := localstack.RedisForTest(t)
+	r := localstacktest.RedisForTest(t)
 	assert.Equal(t, "redis://"+r.Addr()+"/0", r.URL())
 
 	ctx := context.Background()
@@ -292,7 +293,7 @@ func TestRedisRealtime(t *testing.T) {
 func TestRedisUnderAWrapper(t *testing.T) {
 	t.Parallel()
 	seen := filepath.Join(t.TempDir(), "argv")
-	r := localstack.RedisUnderForTest(t, "sh", "-c", `printf '%s\n' "$@" > "$0"; exec "$@"`, seen)
+	r := localstacktest.RedisUnderForTest(t, "sh", "-c", `printf '%s\n' "$@" > "$0"; exec "$@"`, seen)
 	require.NoError(t, newRedisClient(t, r.URL()).Ping(context.Background()).Err())
 	argv, err := os.ReadFile(seen)
 	require.NoError(t, err)
@@ -313,7 +314,7 @@ func TestRedisMissingBinaryExplainsInstall(t *testing.T) {
 
 func TestPostgresForTestQuery(t *testing.T) {
 	t.Parallel()
-	p := localstack.PostgresForTest(t)
+	p := localstacktest.PostgresForTest(t)
 	assert.Equal(t, "postgres://postgres@127.0.0.1:"+strconv.Itoa(p.Port())+"/feed?sslmode=disable", p.URL())
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -390,7 +391,7 @@ func TestPostgresMissingBinariesExplainInstall(t *testing.T) {
 
 func TestForTestFullStack(t *testing.T) {
 	t.Parallel()
-	s := localstack.ForTest(t)
+	s := localstacktest.ForTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 

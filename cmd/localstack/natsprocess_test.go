@@ -1,7 +1,6 @@
 package localstack_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 )
 
 // natsArgv runs this test binary as the child, which TestMain turns into
@@ -94,7 +93,7 @@ func TestNATSProcessWaitsForItsFixedPort(t *testing.T) {
 // another.
 func TestNATSProcessLogsOneRecordALine(t *testing.T) {
 	t.Parallel()
-	var out syncBuffer
+	var out localstacktest.SyncBuffer
 	log := slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	n, err := localstack.StartNATSProcess(t.Context(), natsArgv(), localstack.NATSConfig{Dir: t.TempDir()}, log)
 	require.NoError(t, err)
@@ -113,22 +112,4 @@ func TestNATSProcessLogsOneRecordALine(t *testing.T) {
 		}
 	}
 	assert.True(t, ready, "the child's notice that it is ready is logged:\n%s", out.String())
-}
-
-// syncBuffer is a bytes.Buffer for a logger that goroutines share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/migrations"
@@ -55,7 +56,7 @@ func BenchmarkReplay(b *testing.B) {
 	defer log.Close()
 	publishMixed(b, js, n)
 
-	pg := localstack.PostgresForTest(b)
+	pg := localstacktest.PostgresForTest(b)
 	for b.Loop() {
 		raw := rawOrderedRead(b, js, log.Stream(), n)
 		pool, err := readmodel.OpenPool(ctx, pg.URL(), migrations.Schema, 0)

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/migrations"
 )
 
@@ -25,7 +25,7 @@ import (
 // transaction of a batch.
 func TestBatchStatementsNeedNoStatistics(t *testing.T) {
 	ctx := context.Background()
-	pool, err := OpenPool(ctx, localstack.PostgresForTest(t).URL(), migrations.Schema, 0)
+	pool, err := OpenPool(ctx, localstacktest.PostgresForTest(t).URL(), migrations.Schema, 0)
 	require.NoError(t, err)
 	defer pool.Close()
 	for _, table := range []string{"posts", "likes", "follows"} {

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -19,7 +19,7 @@ import (
 // that nothing in the batch itself was applied twice).
 func TestKnowledgeGoesWithTheCheckpoint(t *testing.T) {
 	ctx := context.Background()
-	pool := pjDatabase(t, localstack.PostgresForTest(t), "known_checkpoint")
+	pool := pjDatabase(t, localstacktest.PostgresForTest(t), "known_checkpoint")
 	const p1 = domain.PostID(1 << 30)
 	recs := records(
 		created(p1, 5),
@@ -47,7 +47,7 @@ func TestKnowledgeGoesWithTheCheckpoint(t *testing.T) {
 // read model was found empty.
 func TestKnowledgeIsWholeOnlyFromAnEmptyReadModel(t *testing.T) {
 	ctx := context.Background()
-	pool := pjDatabase(t, localstack.PostgresForTest(t), "known_whole")
+	pool := pjDatabase(t, localstacktest.PostgresForTest(t), "known_whole")
 	const p1 = domain.PostID(1 << 30)
 	// Rows without a checkpoint: restored by hand, say.
 	for _, q := range []string{
@@ -78,7 +78,7 @@ func TestKnowledgeIsWholeOnlyFromAnEmptyReadModel(t *testing.T) {
 // fails; then both apply once the projector starts again.
 func TestSendVoidsWhatFollowsAFailedBatch(t *testing.T) {
 	ctx := context.Background()
-	pool := pjDatabase(t, localstack.PostgresForTest(t), "send_void")
+	pool := pjDatabase(t, localstacktest.PostgresForTest(t), "send_void")
 	const p1 = domain.PostID(1 << 30)
 	recs := records(
 		created(p1, 5),

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/migrations"
@@ -94,7 +95,7 @@ func created(id domain.PostID, user domain.UserID) events.PostCreated {
 }
 
 func TestProjectorGivenWhenThen(t *testing.T) {
-	pg := localstack.PostgresForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	const p1, p2 = domain.PostID(1 << 30), domain.PostID(1<<30 + 1)
 	tests := []struct {
 		name  string
@@ -207,7 +208,7 @@ func TestProjectorGivenWhenThen(t *testing.T) {
 // before the duplicate creation counts (the post was there).
 func TestDuplicatesOfEarlierEvents(t *testing.T) {
 	ctx := context.Background()
-	pg := localstack.PostgresForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	const p1 = domain.PostID(1 << 30)
 	again := created(p1, 5)
 	again.Caption = "created again"
@@ -239,7 +240,7 @@ func TestDuplicatesOfEarlierEvents(t *testing.T) {
 // committed in between is seen, and the result is one clean replay's.
 func TestTwoInstances(t *testing.T) {
 	ctx := context.Background()
-	pg := localstack.PostgresForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	log := pjLog(t)
 	workload(t, log, 3000, 5)
 	var all []events.Record
@@ -289,7 +290,7 @@ func pjQuery(t *testing.T, pool *pgxpool.Pool, q string) string {
 
 func TestFollowMergeIsCounted(t *testing.T) {
 	ctx := context.Background()
-	pool := pjDatabase(t, localstack.PostgresForTest(t), "merge")
+	pool := pjDatabase(t, localstacktest.PostgresForTest(t), "merge")
 	reg := prometheus.NewRegistry()
 	p := readmodel.NewProjector(pool, projections.NewMetrics(reg))
 	// Flapping: five events of one pair collapse to the last; an unfollow of a
@@ -328,7 +329,7 @@ func pjCounter(reg *prometheus.Registry, how string) prometheus.Collector {
 // pjLog is a real log on an embedded JetStream.
 func pjLog(t *testing.T) *events.Log {
 	t.Helper()
-	log, err := events.OpenLog(context.Background(), localstack.JetStreamForTest(t), events.Config{}, nil)
+	log, err := events.OpenLog(context.Background(), localstacktest.JetStreamForTest(t), events.Config{}, nil)
 	require.NoError(t, err)
 	t.Cleanup(log.Close)
 	return log
@@ -494,7 +495,7 @@ func runUntil(t *testing.T, log *events.Log, p projections.Projector, cfg projec
 // the consumer disappears (redelivery) and Postgres connections are killed;
 // the result must equal a clean replay row for row.
 func TestExactlyOnceUnderFailure(t *testing.T) {
-	pg := localstack.PostgresForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	log := pjLog(t)
 	workload(t, log, 4000, 1)
 
@@ -547,7 +548,7 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 // replay must equal a clean one.
 func TestSentAheadUnderFailure(t *testing.T) {
 	ctx := context.Background()
-	pg := localstack.PostgresForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	log := pjLog(t)
 	workload(t, log, 2000, 11)
 	clean := pjDatabase(t, pg, "clean")
@@ -577,7 +578,7 @@ func TestSentAheadUnderFailure(t *testing.T) {
 // runner from sequence 1: the tables come back identical.
 func TestReplayEquivalence(t *testing.T) {
 	ctx := context.Background()
-	pg := localstack.PostgresForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	log := pjLog(t)
 	workload(t, log, 3000, 2)
 	pool := pjDatabase(t, pg, "replayed")
@@ -600,7 +601,7 @@ func TestReplayEquivalence(t *testing.T) {
 // the events after it are applied.
 func TestPoisonEventIsDeadLettered(t *testing.T) {
 	ctx := context.Background()
-	pool := pjDatabase(t, localstack.PostgresForTest(t), "poison")
+	pool := pjDatabase(t, localstacktest.PostgresForTest(t), "poison")
 	log := pjLog(t)
 	_, err := log.AppendEvent(ctx, "a", t0, created(1<<30, 5))
 	require.NoError(t, err)
@@ -642,8 +643,8 @@ func TestPoisonEventIsDeadLettered(t *testing.T) {
 // does not know is skipped and counted; the events around both are applied.
 func TestUndecodableAndUnknownEvents(t *testing.T) {
 	ctx := context.Background()
-	pool := pjDatabase(t, localstack.PostgresForTest(t), "undecodable")
-	nc, err := nats.Connect(localstack.NATSForTest(t).ClientURL())
+	pool := pjDatabase(t, localstacktest.PostgresForTest(t), "undecodable")
+	nc, err := nats.Connect(localstacktest.NATSForTest(t).ClientURL())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -708,7 +709,7 @@ func runUntilWithMetrics(t *testing.T, log *events.Log, p projections.Projector,
 func TestLiveEventsAreNotHeldForABatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pool := pjDatabase(t, localstack.PostgresForTest(t), "live")
+	pool := pjDatabase(t, localstacktest.PostgresForTest(t), "live")
 	log := pjLog(t)
 	r := projections.NewRunner(log, readmodel.NewProjector(pool, nil),
 		projections.RunnerConfig{BatchSize: 1000, FetchWait: 5 * time.Second}, nil, slog.New(slog.DiscardHandler))

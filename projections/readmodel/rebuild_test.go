@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/migrations"
@@ -59,7 +60,7 @@ var errStop = errors.New("stop")
 // live projector keeps up with it.
 func liveReadModel(t *testing.T, n int, seed uint64) (*localstack.Postgres, *events.Log, *pgxpool.Pool, *readmodel.Store) {
 	t.Helper()
-	pg := localstack.PostgresForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	log := pjLog(t)
 	workload(t, log, n, seed)
 	live := pjDatabase(t, pg, "live")
@@ -191,7 +192,7 @@ func TestLiveProjectorRewindsWhenTheReadModelGoesBack(t *testing.T) {
 // result is the live projector's, which dead-lettered it.
 func TestRebuildSkipsAPoisonEventSentAhead(t *testing.T) {
 	ctx := context.Background()
-	pg := localstack.PostgresForTest(t)
+	pg := localstacktest.PostgresForTest(t)
 	log := pjLog(t)
 	workload(t, log, 700, 31)
 	poison := created(1<<40, 5)

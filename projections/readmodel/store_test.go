@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -25,7 +25,7 @@ import (
 func openPool(tb testing.TB, cfg func(*pgxpool.Config)) *pgxpool.Pool {
 	tb.Helper()
 	ctx := context.Background()
-	pg := localstack.PostgresForTest(tb)
+	pg := localstacktest.PostgresForTest(tb)
 	require.NoError(tb, migrations.Up(ctx, pg.URL(), migrations.Schema))
 	pc, err := readmodel.PoolConfig(pg.URL(), migrations.Schema)
 	require.NoError(tb, err)

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/projections/roundqueue"
 )
 
@@ -45,7 +45,7 @@ func (c *clock) Set(ms int64)            { c.ms.Store(ms) }
 // look behind the queue's back.
 func newQueue(t *testing.T, cfg roundqueue.Config) (*roundqueue.Queue, *clock, *redis.Client) {
 	t.Helper()
-	r := localstack.RedisForTest(t)
+	r := localstacktest.RedisForTest(t)
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	c := newClock()

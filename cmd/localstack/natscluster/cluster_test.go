@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/cmd/localstack/natscluster"
 )
 
@@ -59,7 +59,7 @@ func TestClusterSurvivesItsLeadersKillAndTakesItBack(t *testing.T) {
 // TestProxyCutsAndTakesNewConnections: a cut client reconnects through the
 // proxy and carries on.
 func TestProxyCutsAndTakesNewConnections(t *testing.T) {
-	ns := localstack.NATSForTest(t)
+	ns := localstacktest.NATSForTest(t)
 	p := natscluster.NewProxy(t, ns.Server().Addr().String())
 	reconnected := make(chan struct{}, 1)
 	nc, err := nats.Connect(p.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections"
@@ -71,7 +72,7 @@ func newPlannerRig(t *testing.T, cfg feeds.Config) *plannerRig {
 // and the planners as pcfg.
 func newPlannerRigOn(t *testing.T, cfg feeds.Config, ncfg localstack.NATSConfig, pcfg fanout.PlannerConfig) *plannerRig {
 	t.Helper()
-	r := localstack.RedisForTest(t)
+	r := localstacktest.RedisForTest(t)
 	ncfg.Dir = t.TempDir()
 	ns, err := localstack.StartNATS(ncfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)

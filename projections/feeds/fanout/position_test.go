@@ -7,14 +7,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/fanout"
 )
 
 func TestPlannerPosition(t *testing.T) {
 	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: localstack.RedisForTest(t).Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: localstacktest.RedisForTest(t).Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	s := feeds.NewStore(rdb, feeds.Config{})
 	ctx := t.Context()

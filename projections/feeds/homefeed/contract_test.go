@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/fanout"
@@ -42,12 +42,12 @@ func TestHomeFeedCacheContract(t *testing.T) {
 	impls := map[string]func(t *testing.T) cacheRig{
 		"Reader": func(t *testing.T) cacheRig {
 			s, _ := newStore(t, feeds.Config{InboxCap: 5, TTL: time.Hour})
-			js := localstack.JetStreamForTest(t)
+			js := localstacktest.JetStreamForTest(t)
 			return cacheRig{homefeed.NewReader(s, js), s, js}
 		},
 		"PageCache": func(t *testing.T) cacheRig {
 			s, rdb := newStore(t, feeds.Config{InboxCap: 5, TTL: time.Hour})
-			js := localstack.JetStreamForTest(t)
+			js := localstacktest.JetStreamForTest(t)
 			c := homefeed.NewPageCache(homefeed.NewReader(s, js), &redis.Options{Addr: rdb.Options().Addr}, homefeed.PageCacheConfig{MaxAge: time.Hour}, nil, slog.New(slog.DiscardHandler))
 			follow(t, c)
 			return cacheRig{c, s, js}

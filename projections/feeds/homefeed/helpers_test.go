@@ -5,7 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/inbox"
@@ -15,7 +15,7 @@ import (
 // and a raw client to look behind the store's back.
 func newStore(t *testing.T, cfg feeds.Config) (*feeds.Store, *redis.Client) {
 	t.Helper()
-	r := localstack.RedisForTest(t)
+	r := localstacktest.RedisForTest(t)
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return feeds.NewStore(rdb, cfg), rdb

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/inbox"
@@ -728,7 +728,7 @@ func TestApplyItemsForManyAgainstModel(t *testing.T) {
 		limit = 8
 		users = 40
 	)
-	r := localstack.RedisForTest(t)
+	r := localstacktest.RedisForTest(t)
 	ctx := t.Context()
 	single := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	t.Cleanup(func() { _ = single.Close() })

@@ -16,7 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/fanout"
@@ -52,7 +52,7 @@ const (
 // production (inboxes stay listpacks), and returns a client of it.
 func benchRedis(b *testing.B) *redis.Client {
 	b.Helper()
-	r := localstack.RedisForTest(b)
+	r := localstacktest.RedisForTest(b)
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	b.Cleanup(func() { _ = rdb.Close() })
 	if err := rdb.ConfigSet(context.Background(), "zset-max-listpack-entries", "1024").Err(); err != nil {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/inbox"
@@ -60,7 +60,7 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 	if out == "" {
 		out = b.TempDir()
 	}
-	r := localstack.RedisUnderForTest(b, "valgrind", "--tool=callgrind", "--instr-atstart=no",
+	r := localstacktest.RedisUnderForTest(b, "valgrind", "--tool=callgrind", "--instr-atstart=no",
 		"--callgrind-out-file="+filepath.Join(out, "callgrind.out.%p"))
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), ReadTimeout: -1})
 	b.Cleanup(func() { _ = rdb.Close() })

@@ -15,7 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,7 +26,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/feedproject/feed/cmd/feed/internal/loadbench"
+	"github.com/feedproject/feed/cmd/feedbench/internal/loadbench"
+	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	feedhttp "github.com/feedproject/feed/http"
@@ -36,8 +37,8 @@ import (
 // benchOptions are bench's flags beyond the workload.
 type benchOptions struct {
 	url        string        // a running service; "" starts one
+	feed       string        // the feed binary that serves the started stack
 	out        string        // directory for report.md, chart.png and summary.json
-	inProcess  bool          // start the service in the bench's own process
 	cpuProfile bool          // profile the service's measured phases
 	trace      time.Duration // trace the service from each measured phase's start
 	keep       bool          // keep the started stack's data directory
@@ -49,11 +50,15 @@ type benchOptions struct {
 func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions, error) {
 	cfg := loadbench.DefaultConfig()
 	var opts benchOptions
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs := flag.NewFlagSet("feedbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&opts.url, "url", "", "benchmark the service running at this loopback URL instead of starting one")
+	fs.StringVar(&opts.feed, "feed", "", "the feed binary to start the service with (default: feed beside this program, else on PATH)")
 	fs.StringVar(&opts.out, "out", "bench-out", "directory for report.md, chart.png and summary.json")
-	fs.BoolVar(&opts.inProcess, "in-process", false, "start the service in the bench's own process rather than as a process of its own")
 	fs.BoolVar(&opts.cpuProfile, "cpuprofile", false, "write the service's CPU profile of each measured phase, and heap profiles at its start and end, to the output directory (from its admin route /admin/pprof/)")
 	fs.DurationVar(&opts.trace, "trace", 0, "write an execution trace of the service this long from each measured phase's start to the output directory (0: none)")
 	fs.BoolVar(&opts.keep, "keep", false, "keep the started stack's data directory")
@@ -81,24 +86,27 @@ func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions
 	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", cfg.MaxInFlight, "most open-loop requests outstanding (more are dropped and counted)")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the graph and the workload's choices")
 	if err := fs.Parse(args); err != nil {
-		return cfg, opts, flagError("bench", err)
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, opts, err
+		}
+		return cfg, opts, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if fs.NArg() > 0 {
-		return cfg, opts, fmt.Errorf("%w: bench: unexpected argument %q", errUsage, fs.Arg(0))
+		return cfg, opts, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, opts, fmt.Errorf("%w: bench: %w", errUsage, err)
+		return cfg, opts, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if opts.url != "" {
 		if err := checkLoopbackURL(opts.url); err != nil {
-			return cfg, opts, fmt.Errorf("%w: bench: --url: %w", errUsage, err)
+			return cfg, opts, fmt.Errorf("%w: --url: %w", errUsage, err)
 		}
-		if opts.inProcess || opts.keep {
-			return cfg, opts, fmt.Errorf("%w: bench: --in-process and --keep are about the stack bench starts, not one at --url", errUsage)
+		if opts.feed != "" || opts.keep {
+			return cfg, opts, fmt.Errorf("%w: --feed and --keep are about the stack the bench starts, not one at --url", errUsage)
 		}
 	}
 	if opts.trace < 0 {
-		return cfg, opts, fmt.Errorf("%w: bench: --trace %s: a trace lasts a positive time, or 0 for none", errUsage, opts.trace)
+		return cfg, opts, fmt.Errorf("%w: --trace %s: a trace lasts a positive time, or 0 for none", errUsage, opts.trace)
 	}
 	return cfg, opts, nil
 }
@@ -123,8 +131,9 @@ func checkLoopbackURL(raw string) error {
 	return fmt.Errorf("%q is not a loopback address: the bench only loads this machine", host)
 }
 
-// bench runs the end-to-end load benchmark and writes its report.
-func bench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// run is the whole program behind main, callable from tests: it runs the
+// end-to-end load benchmark and writes its report.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	wl, opts, err := parseBench(args, stderr)
 	if err != nil {
 		return err
@@ -144,7 +153,7 @@ func bench(ctx context.Context, args []string, getenv func(string) string, stdou
 		}
 		return fmt.Errorf("bench: %w", err)
 	}
-	rep.CommandLine = "feed bench " + strings.Join(args, " ")
+	rep.CommandLine = strings.Join(append([]string{"feedbench"}, args...), " ")
 	// A run that finished is reported even if the service then failed to
 	// stop (it was killed): the failure is returned after it.
 	return errors.Join(writeBenchReport(rep, opts.out, stdout), wrapBench(err))
@@ -260,43 +269,16 @@ func benchStartedOnce(ctx context.Context, wl loadbench.Config, opts benchOption
 	if err != nil {
 		return nil, err
 	}
-	if !opts.inProcess {
-		return benchChild(ctx, wl, opts, cfg, env, stderr)
-	}
-	fmt.Fprintf(stderr, "bench: starting the service in this process (data in %s)\n", dir)
-	svc := startBackground(ctx, cfg, newLogger(cfg, stderr))
-	stop := svc.stop
-	runCtx, cancelRun := svc.watch(ctx)
-	defer cancelRun()
-	if err := waitServing(runCtx, "http://"+cfg.HTTPAddr, 2*time.Minute); err != nil {
-		return nil, fmt.Errorf("%w: %w", errNotServing, errors.Join(err, stop()))
-	}
-	target := loadbench.Target{
-		BaseURL:   "http://" + cfg.HTTPAddr,
-		InProcess: true,
-		Stack: fmt.Sprintf("started in process like `feed dev` (child NATS with sync %s, Redis and Postgres), FEED_BIG_ACCOUNT=%d, "+
-			"FEED_PARTITIONS=%d, FEED_INBOX_CAP=%d", cfg.NATSSync, cfg.BigAccount, cfg.Partitions, cfg.InboxCap),
-		Progress: stderr,
-	}
-	if target.Token, err = benchTokens(cfg.JWTSecret); err != nil {
-		return nil, errors.Join(err, stop())
-	}
-	rep, err = runObserved(runCtx, wl, target, cfg, rawServers{redis: true, nats: true, started: true}, opts)
-	if serr := stop(); serr != nil {
-		// A service that failed explains the bench's own error; a run that
-		// finished keeps its report (see bench).
-		return rep, errors.Join(err, fmt.Errorf("service: %w", serr))
-	}
-	return rep, err
+	return benchChild(ctx, wl, opts, cfg, env, stderr)
 }
 
 // benchChild runs the service as `feed dev` in a process of its own, so that
 // the load generator and the service share no Go runtime (scheduler, garbage
 // collector): its latencies are those a client on the same machine sees.
-func benchChild(ctx context.Context, wl loadbench.Config, opts benchOptions, cfg config, env func(string) string, stderr io.Writer) (*loadbench.Report, error) {
-	exe, err := os.Executable()
+func benchChild(ctx context.Context, wl loadbench.Config, opts benchOptions, cfg stack.Config, env func(string) string, stderr io.Writer) (*loadbench.Report, error) {
+	exe, err := feedBinary(opts.feed)
 	if err != nil {
-		return nil, fmt.Errorf("find the feed binary: %w", err)
+		return nil, err
 	}
 	cmd := exec.Command(exe, "dev")
 	cmd.Env = childEnviron(env)
@@ -323,7 +305,8 @@ func benchChild(ctx context.Context, wl loadbench.Config, opts benchOptions, cfg
 	target := loadbench.Target{
 		BaseURL: "http://" + cfg.HTTPAddr,
 		Stack: fmt.Sprintf("started as a process of its own like `feed dev` (child NATS with sync %s, Redis and Postgres), FEED_BIG_ACCOUNT=%d, "+
-			"FEED_PARTITIONS=%d, FEED_INBOX_CAP=%d", cfg.NATSSync, cfg.BigAccount, cfg.Partitions, cfg.InboxCap),
+			"FEED_PARTITIONS=%d, FEED_INBOX_CAP=%d, FEED_DEV_REDIS_REALTIME=%d, GOGC=%s, GOMAXPROCS=%s",
+			cfg.NATSSync, cfg.BigAccount, cfg.Partitions, cfg.InboxCap, cfg.DevRedisRealtime, env("GOGC"), env("GOMAXPROCS")),
 		Progress: stderr,
 	}
 	if target.Token, err = benchTokens(cfg.JWTSecret); err != nil {
@@ -338,57 +321,58 @@ func benchChild(ctx context.Context, wl loadbench.Config, opts benchOptions, cfg
 	return rep, err
 }
 
+// feedBinary is the feed binary to run: path if given, else `feed` beside
+// this program, else on PATH.
+func feedBinary(path string) (string, error) {
+	if path != "" {
+		return exec.LookPath(path)
+	}
+	if self, err := os.Executable(); err == nil {
+		beside := filepath.Join(filepath.Dir(self), "feed")
+		if _, err := exec.LookPath(beside); err == nil {
+			return beside, nil
+		}
+	}
+	p, err := exec.LookPath("feed")
+	if err != nil {
+		return "", fmt.Errorf("no feed binary beside this program or on PATH (build one with `go build -o .bin/feed ./cmd/feed`, or pass --feed): %w", err)
+	}
+	return p, nil
+}
+
+// benchRuntime are the settings the bench gives the service it starts where
+// its environment leaves them unset: those its recorded figures were measured
+// with on a small shared machine, rather than the service's defaults
+// (decision 56).
+func benchRuntime() map[string]string {
+	return map[string]string{
+		"GOGC":                    "400",
+		"GOMAXPROCS":              strconv.Itoa(2 * runtime.GOMAXPROCS(0)),
+		"FEED_DEV_REDIS_REALTIME": "1",
+	}
+}
+
+// runtimeVariables are the Go runtime's variables the service's child is
+// given as env has them.
+var runtimeVariables = []string{"GOGC", "GOMAXPROCS"}
+
 // childEnviron is this process's environment with the service's variables
-// (see variables) as env has them.
+// (see stack.Variables) and the runtime's as env has them.
 func childEnviron(env func(string) string) []string {
+	names := slices.Clone(runtimeVariables)
+	for _, v := range stack.Variables {
+		names = append(names, v.Name)
+	}
 	out := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		name, _, _ := strings.Cut(kv, "=")
-		return slices.ContainsFunc(variables, func(v variable) bool { return v.name == name })
+		return slices.Contains(names, name)
 	})
-	for _, v := range variables {
-		if value := env(v.name); value != "" {
-			out = append(out, v.name+"="+value)
+	for _, name := range names {
+		if value := env(name); value != "" {
+			out = append(out, name+"="+value)
 		}
 	}
 	return out
-}
-
-// backgroundService is the service run by serve in a goroutine of the bench.
-type backgroundService struct {
-	ctx    context.Context // ends when the service is told to stop
-	cancel context.CancelFunc
-	done   chan error // serve's result, once
-}
-
-// startBackground starts the service in dev mode; it stops when stop is
-// called, not when ctx ends, so that the bench can finish first.
-func startBackground(ctx context.Context, cfg config, logger *slog.Logger) *backgroundService {
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &backgroundService{ctx: sctx, cancel: cancel, done: make(chan error, 1)}
-	go func() { s.done <- serve(sctx, cfg, true, logger, io.Discard) }()
-	return s
-}
-
-// stop shuts the service down in order and returns serve's error.
-func (s *backgroundService) stop() error {
-	s.cancel()
-	return <-s.done
-}
-
-// watch returns a context of parent that also ends if the service stops on
-// its own (a failure), so that the bench stops with it.
-func (s *backgroundService) watch(parent context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(parent)
-	go func() {
-		select {
-		case <-s.ctx.Done():
-		case <-ctx.Done():
-		case err := <-s.done:
-			s.done <- err // for stop
-			cancel()
-		}
-	}()
-	return ctx, cancel
 }
 
 // waitServing waits until the service at base answers /readyz with 200.
@@ -422,11 +406,12 @@ func waitServing(ctx context.Context, base string, timeout time.Duration) error 
 // benchStackConfig is the started service's configuration, and the
 // environment it is parsed from: the caller's, with its own data directory,
 // four free loopback ports (HTTP, NATS, Redis, Postgres), the bench's
-// big-account threshold and a random JWT secret.
-func benchStackConfig(dir string, ports []int, wl loadbench.Config, getenv func(string) string) (config, func(string) string, error) {
+// big-account threshold, a random JWT secret and benchRuntime where the
+// caller's leaves them unset.
+func benchStackConfig(dir string, ports []int, wl loadbench.Config, getenv func(string) string) (stack.Config, func(string) string, error) {
 	secret := make([]byte, 24)
 	if _, err := rand.Read(secret); err != nil {
-		return config{}, nil, fmt.Errorf("jwt secret: %w", err)
+		return stack.Config{}, nil, fmt.Errorf("jwt secret: %w", err)
 	}
 	overrides := map[string]string{
 		"FEED_DATA_DIR":          dir,
@@ -440,13 +425,18 @@ func benchStackConfig(dir string, ports []int, wl loadbench.Config, getenv func(
 	if getenv("FEED_LOG_LEVEL") == "" {
 		overrides["FEED_LOG_LEVEL"] = "warn"
 	}
+	for k, v := range benchRuntime() {
+		if getenv(k) == "" {
+			overrides[k] = v
+		}
+	}
 	env := func(k string) string {
 		if v, ok := overrides[k]; ok {
 			return v
 		}
 		return getenv(k)
 	}
-	cfg, err := parseConfig(env)
+	cfg, err := stack.Parse(env)
 	return cfg, env, err
 }
 
@@ -455,12 +445,12 @@ func benchStackConfig(dir string, ports []int, wl loadbench.Config, getenv func(
 // memory and sizes are read as `feed status` reads them; the raw limits are
 // measured only against servers named by NATS_URL and REDIS_URL.
 func benchURL(ctx context.Context, wl loadbench.Config, opts benchOptions, getenv func(string) string, stderr io.Writer) (*loadbench.Report, error) {
-	cfg, err := parseConfig(getenv)
+	cfg, err := stack.Parse(getenv)
 	if err != nil {
 		return nil, err
 	}
-	secret, _ := cfg.jwtSecret(true)
-	if secret == devJWTSecret {
+	secret, _ := cfg.TokenSecret(true)
+	if secret == stack.DevJWTSecret {
 		fmt.Fprintln(stderr, "bench: FEED_JWT_SECRET is unset; signing tokens with the development secret that `feed dev` accepts")
 	}
 	cfg.JWTSecret = secret
@@ -502,10 +492,9 @@ func benchMinter(secret string) (func(u domain.UserID, admin bool) (string, erro
 type rawServers struct{ redis, nats, started bool }
 
 // runObserved connects the observers (positions, memory, sizes, CPU and the
-// raw limits' servers) to the service's servers, runs the bench with its load
-// generator's goroutines labelled bench=loadgen in CPU profiles (and the
+// raw limits' servers) to the service's servers, runs the bench (with the
 // service profiled as opts ask), and disconnects.
-func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Target, cfg config, raw rawServers, opts benchOptions) (*loadbench.Report, error) {
+func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Target, cfg stack.Config, raw rawServers, opts benchOptions) (*loadbench.Report, error) {
 	prof, err := benchProfiler(ctx, opts, wl, target.BaseURL, cfg.JWTSecret, target.Progress)
 	if err != nil {
 		return nil, err
@@ -524,10 +513,7 @@ func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Targ
 	if raw.nats && obs.js != nil {
 		target.JetStream = obs.js
 	}
-	var rep *loadbench.Report
-	pprof.Do(ctx, pprof.Labels("bench", "loadgen"), func(ctx context.Context) {
-		rep, err = loadbench.Run(ctx, wl, target)
-	})
+	rep, err := loadbench.Run(ctx, wl, target)
 	prof.wait()
 	return rep, err
 }
@@ -535,7 +521,7 @@ func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Targ
 // observers are the bench's own connections to the service's servers. A nil
 // function is unavailable; the bench then falls back to the service's metrics.
 type observers struct {
-	status       *statusConns
+	status       *stack.Conns
 	stream       jetstream.Stream
 	streamName   string
 	rdb          *redis.Client
@@ -556,7 +542,7 @@ func (o *observers) close() {
 		o.closes[i]()
 	}
 	if o.status != nil {
-		o.status.close()
+		o.status.Close()
 	}
 }
 
@@ -564,30 +550,30 @@ func (o *observers) close() {
 // reach (the URLs of cfg, or the dev ports), within a few seconds. When the
 // bench started the stack (started) without NATS_URL, the NATS server is the
 // service's child process `feed nats`, observed from /proc by its port.
-func connectObservers(ctx context.Context, cfg config, started bool, progress io.Writer) *observers {
+func connectObservers(ctx context.Context, cfg stack.Config, started bool, progress io.Writer) *observers {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	o := &observers{streamName: cfg.StreamName, status: connectStatus(cctx, cfg)}
-	for what, why := range o.status.errs {
+	o := &observers{streamName: cfg.StreamName, status: stack.Connect(cctx, cfg)}
+	for what, why := range o.status.Errs {
 		fmt.Fprintf(progress, "bench: %s unavailable to the bench (%s); its figures are left out\n", what, why)
 	}
-	if o.status.js != nil && o.status.pg != nil && o.status.feeds != nil {
+	if o.status.JetStream != nil && o.status.Postgres != nil && o.status.Feeds != nil {
 		o.positions = o.readPositions
 	}
-	if nc, err := nats.Connect(natsURLOf(cfg), nats.Name("feed bench"), nats.Timeout(2*time.Second)); err == nil {
+	if nc, err := nats.Connect(cfg.NATSEndpoint(), nats.Name("feed bench"), nats.Timeout(2*time.Second)); err == nil {
 		o.closes = append(o.closes, nc.Close)
 		// Publishes are asynchronous in the raw limit: a wide window of acks.
 		o.js, _ = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
 	}
-	if opts, err := redis.ParseURL(redisURLOf(cfg)); err == nil {
+	if opts, err := redis.ParseURL(cfg.RedisEndpoint()); err == nil {
 		o.rdb = redis.NewClient(opts)
 		o.closes = append(o.closes, func() { _ = o.rdb.Close() })
 		if o.rdb.Ping(cctx).Err() == nil {
 			o.redisMemory, o.redisCPU = o.readRedisMemory, o.readRedisCPU
 		}
 	}
-	if o.status.pg != nil {
-		o.pg = o.status.pg
+	if o.status.Postgres != nil {
+		o.pg = o.status.Postgres
 		o.postgresSize = o.readPostgresSize
 	}
 	if port := stackPostgresPort(cfg); port > 0 {
@@ -609,7 +595,7 @@ func connectObservers(ctx context.Context, cfg config, started bool, progress io
 
 // stackPostgresPort is the port of the service's Postgres if it is on this
 // machine; 0 if not known.
-func stackPostgresPort(cfg config) int {
+func stackPostgresPort(cfg stack.Config) int {
 	if cfg.DatabaseURL == "" {
 		return cfg.DevPGPort
 	}
@@ -631,7 +617,7 @@ func stackPostgresPort(cfg config) int {
 // head.
 func (o *observers) readPositions(ctx context.Context) (loadbench.Positions, error) {
 	if o.stream == nil {
-		s, err := o.status.js.Stream(ctx, o.streamName)
+		s, err := o.status.JetStream.Stream(ctx, o.streamName)
 		if err != nil {
 			return loadbench.Positions{}, fmt.Errorf("stream %s: %w", o.streamName, err)
 		}
@@ -641,16 +627,16 @@ func (o *observers) readPositions(ctx context.Context) (loadbench.Positions, err
 	if err != nil {
 		return loadbench.Positions{}, fmt.Errorf("stream %s info: %w", o.streamName, err)
 	}
-	s := o.status.sample(ctx)
-	if s.readmodel == nil || s.planned == nil || s.applied == nil {
+	s := o.status.Positions(ctx)
+	if s.ReadModel == nil || s.Planned == nil || s.Applied == nil {
 		var why []string
-		for k, v := range s.errs {
+		for k, v := range s.Errs {
 			why = append(why, k+": "+v)
 		}
 		return loadbench.Positions{}, fmt.Errorf("projector positions: %s", strings.Join(why, "; "))
 	}
-	pos := loadbench.Positions{Head: info.State.LastSeq, ReadModel: *s.readmodel, Planned: *s.planned, Applied: *s.applied}
-	if stream, err := o.status.js.Stream(ctx, fanout.FanoutStream); err == nil {
+	pos := loadbench.Positions{Head: info.State.LastSeq, ReadModel: *s.ReadModel, Planned: *s.Planned, Applied: *s.Applied}
+	if stream, err := o.status.JetStream.Stream(ctx, fanout.FanoutStream); err == nil {
 		if fi, err := stream.Info(ctx); err == nil {
 			pos.FanoutSeq, pos.FanoutBacklog = fi.State.LastSeq, fi.State.Msgs
 		}

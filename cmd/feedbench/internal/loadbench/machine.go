@@ -16,9 +16,9 @@ const damonRoot = "sys/kernel/mm/damon/admin/kdamonds"
 // its file system, os.DirFS("/")). A monitor of the physical address space
 // samples its pages' accessed bits every sample interval, walking the page
 // tables of the processes that map them, and can page cold memory out: on
-// the development machine one sampling every 500 ms took the CPU from the
-// service's threads for tens of milliseconds at a time (README, session 28),
-// so a report says whether its figures were measured beside one. None when
+// a machine where one sampled every 500 ms it took the CPU from the service's
+// threads for tens of milliseconds at a time, so a report says whether its
+// figures were measured beside one. None when
 // DAMON is absent or every monitor is off.
 func damonNotes(root fs.FS) []string {
 	dirs, err := fs.ReadDir(root, damonRoot)

@@ -32,7 +32,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 
 func (r *Report) mdHeader(b *strings.Builder) {
 	c := r.Config
-	fmt.Fprintf(b, "# feed bench, %s\n\n", r.Started.UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(b, "# feedbench, %s\n\n", r.Started.UTC().Format("2006-01-02 15:04 MST"))
 	if r.CommandLine != "" {
 		fmt.Fprintf(b, "```\n%s\n```\n\n", r.CommandLine)
 	}
@@ -208,18 +208,11 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 		}
 		return fmt.Sprintf("%.2f", v)
 	}
-	whose := "the bench's process"
-	if r.InProcess {
-		whose = "the feed process"
-	}
-	fmt.Fprintf(b, "CPU, mean cores used (of %d), and how long goroutines of %s waited to run once runnable:\n\n", runtime.NumCPU(), whose)
+	fmt.Fprintf(b, "CPU, mean cores used (of %d), and how long goroutines of the bench's process waited to run once runnable:\n\n", runtime.NumCPU())
 	fmt.Fprintf(b, "| phase | machine | of it in the kernel | stolen | DAMON | feed process | Redis | Postgres | NATS | bench | anything else | goroutines | run-queue wait p50 | p99 | the service's p99 bucket |\n")
 	fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range s.CPU {
 		bench := cores(c.Bench)
-		if c.Bench < 0 && r.InProcess {
-			bench = "in the feed process"
-		}
 		damon := cores(c.DAMON)
 		if c.DAMON < 0 {
 			damon = "none"
@@ -229,15 +222,14 @@ func (r *Report) mdResources(b *strings.Builder, s Summary) {
 			cores(c.Postgres), cores(c.NATS), bench, cores(c.other()), c.Goroutines, fmtDuration(c.SchedP50), fmtDuration(c.SchedP99), c.ServiceSchedP99)
 	}
 	fmt.Fprintf(b, "\nThe service's p99 bucket is of its own `go_sched_latencies_seconds` (coarse buckets, a decade apart). "+
-		"The feed process is the service and, with `--in-process`, the bench's load generator too "+
-		"(its share is in the CPU profiles of `--cpuprofile`, label `bench=loadgen`; its goroutines are counted too). "+
+		"The feed process is the service. "+
 		"NATS runs as a child process of the service (`feed nats`), in its own column; it is unknown when the service uses "+
 		"an external NATS_URL, and then counted in *anything else*. "+
 		"*Stolen* is time the hypervisor gave the machine's CPUs to something else while they had work (`/proc/stat`'s steal, not in *machine*): "+
 		"the service's threads waited for it. *DAMON* is the kernel's DAMON monitors' threads (`kdamond`, in *machine*), whose sampling took "+
-		"the CPU from the service in bursts (README, *Session 28*). "+
+		"the CPU from the service in bursts. "+
 		"Redis runs commands on one thread. *Bench* is the bench's own process (the load generator, the freshness poller, "+
-		"the sampler), when the service runs in a process of its own. *Anything else* is other work on the machine, which the figures above shared it with. "+
+		"the sampler). *Anything else* is other work on the machine, which the figures above shared it with. "+
 		"A large share in the kernel can be the machine's own state: on an ext4 without a journal, files created "+
 		"within minutes of many removals (an earlier run's data) cost far more.\n\n")
 	if d := s.Disturbed; d.Known > 0 {

@@ -12,18 +12,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/feedproject/feed/cmd/feed/internal/loadbench"
+	"github.com/feedproject/feed/cmd/feedbench/internal/loadbench"
 )
 
 // phaseProfiler asks the service, over its admin route /admin/pprof/, for a
 // CPU profile of each measured phase and heap profiles of what is live at its
 // start and end (as of the service's last collection: forcing one would
 // stall the phase it measures), when cpu is set; and, when trace
-// is, an execution trace of that long from the phase's start. It profiles the
-// service as it runs, in a process of its own or in the bench's; in the
-// bench's process the load generator's goroutines carry the label
-// bench=loadgen (leave them out with `go tool pprof -tagignore
-// bench=loadgen`).
+// is, an execution trace of that long from the phase's start.
 type phaseProfiler struct {
 	ctx    context.Context // the run's: profiles still being taken stop with it
 	base   string          // the service's URL

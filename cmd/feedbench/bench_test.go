@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -23,17 +24,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/feed/internal/loadbench"
+	"github.com/feedproject/feed/cmd/feedbench/internal/loadbench"
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 )
 
 // TestBenchReportsEveryFigure runs a short bench against a stack it starts (on
-// the harness's servers), as a process of its own and in the bench's process
-// with profiles, and checks the report has every figure the issue asks for,
-// measured. In its own process the service starts its NATS server as `feed
+// the harness's servers), profiled, and checks the report has every figure
+// the bench promises, measured. The service starts its NATS server as `feed
 // dev` does (a child process), whose CPU and memory the bench then reports.
 func TestBenchReportsEveryFigure(t *testing.T) {
-	t.Run("own process, profiled", func(t *testing.T) {
+	t.Run("profiled", func(t *testing.T) {
 		out, stderr := benchReport(t, true, "--cpuprofile", "--trace", "300ms")
 		assert.Contains(t, stderr, "bench: started the service as process")
 		for _, phase := range []string{"mixed", "reads"} {
@@ -47,9 +48,9 @@ func TestBenchReportsEveryFigure(t *testing.T) {
 			}
 		}
 	})
-	t.Run("in process", func(t *testing.T) {
-		out, stderr := benchReport(t, false, "--in-process")
-		assert.Contains(t, stderr, "bench: starting the service in this process")
+	t.Run("harness's NATS, unprofiled", func(t *testing.T) {
+		out, stderr := benchReport(t, false)
+		assert.Contains(t, stderr, "bench: started the service as process")
 		assert.NoFileExists(t, filepath.Join(out, "cpu-mixed.pprof"))
 		assert.NoFileExists(t, filepath.Join(out, "trace-mixed.out"))
 	})
@@ -76,10 +77,10 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 	if childNATS {
 		extra["NATS_URL"] = ""
 	}
-	env := stackEnv(localstack.ForTest(t), extra)
+	env := localstacktest.ForTest(t).Env(extra)
 	out = t.TempDir()
-	var stdout, stderr syncBuffer
-	err := run(t.Context(), append([]string{"bench",
+	var stdout, stderr localstacktest.SyncBuffer
+	err := run(t.Context(), append([]string{"--feed", feedBin(t),
 		"--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30", "--big-post-share", "0.2",
 		"--post-rate", "40", "--follow-rate", "10", "--like-rate", "20", "--comment-rate", "10",
 		"--read-rate", "40", "--cached-read-rate", "100", "--fresh-rate", "20",
@@ -167,13 +168,13 @@ func TestBenchRefusesOtherMachinesAndBadFlags(t *testing.T) {
 		{"--url", "http://example.com:8080"},
 		{"--url", "https://127.0.0.1:8080"},
 		{"--url", "127.0.0.1:8080"},
-		{"--url", "http://127.0.0.1:8080", "--in-process"},
+		{"--url", "http://127.0.0.1:8080", "--feed", "feed"},
 		{"--url", "http://127.0.0.1:8080", "--keep"},
 		{"--trace", "-1s"},
 		{"--users"},
 		{"extra"},
 	} {
-		err := run(t.Context(), append([]string{"bench", "--out", t.TempDir()}, args...), envMap(nil), io.Discard, io.Discard)
+		err := run(t.Context(), append([]string{"--out", t.TempDir()}, args...), envMap(nil), io.Discard, io.Discard)
 		require.ErrorIs(t, err, errUsage, "%v", args)
 	}
 	for _, ok := range []string{"http://127.0.0.1:8080", "http://localhost:8080/", "http://[::1]:8080", "http://127.1.2.3:9"} {
@@ -184,7 +185,7 @@ func TestBenchRefusesOtherMachinesAndBadFlags(t *testing.T) {
 func TestBenchRefusesAnImpossibleGraph(t *testing.T) {
 	// Checked before anything is started: no big account fits under 100 users
 	// with a threshold of 500.
-	err := run(t.Context(), []string{"bench", "--users", "100", "--followers", "10", "--out", t.TempDir(), "--url", "http://127.0.0.1:1"},
+	err := run(t.Context(), []string{"--users", "100", "--followers", "10", "--out", t.TempDir(), "--url", "http://127.0.0.1:1"},
 		envMap(nil), io.Discard, io.Discard)
 	require.ErrorIs(t, err, errUsage)
 	assert.Contains(t, err.Error(), "big account needs more than 500 followers")
@@ -193,11 +194,11 @@ func TestBenchRefusesAnImpossibleGraph(t *testing.T) {
 // TestBenchFailsWhenItsServiceDies: the service the bench started is killed
 // while the bench runs; the bench stops at once and says why.
 func TestBenchFailsWhenItsServiceDies(t *testing.T) {
-	env := stackEnv(localstack.ForTest(t), map[string]string{"FEED_LOG_LEVEL": "error"})
-	var stderr syncBuffer
+	env := localstacktest.ForTest(t).Env(map[string]string{"FEED_LOG_LEVEL": "error"})
+	var stderr localstacktest.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(t.Context(), []string{"bench", "--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
+		done <- run(t.Context(), []string{"--feed", feedBin(t), "--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
 			"--duration", "1m", "--out", t.TempDir()}, env, io.Discard, &stderr)
 	}()
 	started := regexp.MustCompile(`started the service as process (\d+)`)
@@ -224,12 +225,12 @@ func TestBenchFailsWhenItsServiceDies(t *testing.T) {
 // the bench picked for its service, which fails to bind it; the bench starts
 // the service again on other ports and runs.
 func TestBenchStartsAgainWhenAPortIsTaken(t *testing.T) {
-	env := stackEnv(localstack.ForTest(t), map[string]string{"FEED_LOG_LEVEL": "error"})
+	env := localstacktest.ForTest(t).Env(map[string]string{"FEED_LOG_LEVEL": "error"})
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer taken.Close()
 	var picks atomic.Int32
-	wl, opts, err := parseBench([]string{"--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
+	wl, opts, err := parseBench([]string{"--feed", feedBin(t), "--users", "60", "--followers", "6", "--big", "2", "--big-threshold", "30",
 		"--duration", "1m", "--out", t.TempDir()}, io.Discard)
 	require.NoError(t, err)
 	opts.ports = func(n int) ([]int, error) {
@@ -241,7 +242,7 @@ func TestBenchStartsAgainWhenAPortIsTaken(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	var stderr syncBuffer
+	var stderr localstacktest.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		_, err := benchStarted(ctx, wl, opts, env, &stderr)
@@ -294,4 +295,31 @@ func TestBenchStartsAgainOnlyForATakenPort(t *testing.T) {
 			assert.Equal(t, tc.errs[tries-1], err)
 		})
 	}
+}
+
+// TestBenchGivesItsServiceTheRecordedSettings: the service the bench starts
+// runs with the settings the bench's figures were recorded with, unless the
+// bench's environment sets them, and with nothing of the bench's own.
+func TestBenchGivesItsServiceTheRecordedSettings(t *testing.T) {
+	environ := func(getenv func(string) string) map[string]string {
+		cfg, env, err := benchStackConfig(t.TempDir(), []int{1, 2, 3, 4}, loadbench.DefaultConfig(), getenv)
+		require.NoError(t, err)
+		kv := map[string]string{}
+		for _, e := range childEnviron(env) {
+			k, v, _ := strings.Cut(e, "=")
+			kv[k] = v // the last of a name is the one the child sees
+		}
+		assert.Equal(t, kv["FEED_DEV_REDIS_REALTIME"], strconv.Itoa(cfg.DevRedisRealtime))
+		return kv
+	}
+	kv := environ(envMap(nil))
+	assert.Equal(t, "400", kv["GOGC"])
+	assert.Equal(t, strconv.Itoa(2*runtime.GOMAXPROCS(0)), kv["GOMAXPROCS"])
+	assert.Equal(t, "1", kv["FEED_DEV_REDIS_REALTIME"])
+	assert.Equal(t, "127.0.0.1:1", kv["FEED_HTTP_ADDR"])
+
+	kv = environ(envMap(map[string]string{"GOGC": "100", "GOMAXPROCS": "3", "FEED_DEV_REDIS_REALTIME": "0"}))
+	assert.Equal(t, "100", kv["GOGC"], "the bench's own setting")
+	assert.Equal(t, "3", kv["GOMAXPROCS"])
+	assert.Equal(t, "0", kv["FEED_DEV_REDIS_REALTIME"])
 }

@@ -3,14 +3,15 @@ package loadbench
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/procfs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -100,52 +101,46 @@ feed_projector_delay_seconds_count{projector="feeds-appliers"} 100
 	assert.Equal(t, "unknown", q(0.5, "no-such-projector"))
 }
 
-func TestParseCPULine(t *testing.T) {
-	ticks, err := parseCPULine("cpu  100 5 50 800 40 3 2 9 7 0")
+func TestCPUTimesOf(t *testing.T) {
+	// In seconds, as procfs reads them from /proc/stat's ticks.
+	c := cpuTimesOf(procfs.CPUStat{User: 1, Nice: 0.05, System: 0.5, Idle: 8, Iowait: 0.4, IRQ: 0.03, SoftIRQ: 0.02, Steal: 0.09, Guest: 0.07})
+	assert.Equal(t, 1600*time.Millisecond, c.busy, "user, nice, system, irq and softirq")
+	assert.Equal(t, 550*time.Millisecond, c.kernel, "system, irq and softirq")
+	assert.Equal(t, 90*time.Millisecond, c.steal, "steal, apart from busy")
+	assert.Equal(t, 10090*time.Millisecond, c.total, "guest time is in user already")
+
+	c, err := machineCPU()
 	require.NoError(t, err)
-	assert.Equal(t, uint64(160), ticks.busy, "user, nice, system, irq and softirq")
-	assert.Equal(t, uint64(55), ticks.kernel, "system, irq and softirq")
-	assert.Equal(t, uint64(9), ticks.steal, "steal, apart from busy")
-	assert.Equal(t, uint64(1009), ticks.total, "guest time is in user already")
-	_, err = parseCPULine("cpu0 1 2 3 4")
-	assert.Error(t, err)
-	_, err = parseCPULine("cpu 1 x 3 4")
-	assert.Error(t, err)
+	assert.Positive(t, c.busy, "this machine's")
+	assert.Greater(t, c.total, c.busy)
 }
 
 // TestKdamondCPUSumsTheMonitorsThreads: every kdamond thread's user and
 // system time, and no other process's; a machine without one has none.
 func TestKdamondCPUSumsTheMonitorsThreads(t *testing.T) {
-	stat := func(pid, comm string, utime, stime int) *fstest.MapFile {
-		return &fstest.MapFile{Data: fmt.Appendf(nil, "%s (%s) S 2 0 0 0 -1 2129984 0 0 0 0 %d %d 0 0 20 0 1 0 100 0 0", pid, comm, utime, stime)}
+	root := t.TempDir()
+	stat := func(pid, comm string, utime, stime int) {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, pid), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, pid, "stat"),
+			fmt.Appendf(nil, "%s (%s) S 2 0 0 0 -1 2129984 0 0 0 0 %d %d 0 0 20 0 1 0 100 0 0 %s\n", pid, comm, utime, stime,
+				strings.Repeat("0 ", 29)), 0o644)) // every field of a kernel's line
 	}
-	root := fstest.MapFS{
-		"proc/77/stat":   stat("77", "kdamond.0", 0, 1500),
-		"proc/78/stat":   stat("78", "kdamond.1", 20, 30),
-		"proc/500/stat":  stat("500", "redis-server", 9000, 9000),
-		"proc/self/stat": stat("9", "kdamond.9", 100, 100),
-		"proc/stat":      {Data: []byte("cpu  1 2 3 4\n")},
-	}
-	d, ok := kdamondCPU(root)
+	stat("77", "kdamond.0", 0, 1500)
+	stat("78", "kdamond.1", 20, 30)
+	stat("500", "redis-server", 9000, 9000)
+	fs, err := procfs.NewFS(root)
+	require.NoError(t, err)
+	d, ok := kdamondCPU(fs)
 	require.True(t, ok)
 	assert.Equal(t, 15500*time.Millisecond, d, "1 500 + 50 ticks of 10 ms")
 
-	delete(root, "proc/77/stat")
-	delete(root, "proc/78/stat")
-	_, ok = kdamondCPU(root)
+	require.NoError(t, os.RemoveAll(filepath.Join(root, "77")))
+	require.NoError(t, os.RemoveAll(filepath.Join(root, "78")))
+	_, ok = kdamondCPU(fs)
 	assert.False(t, ok, "no monitor runs")
 }
 
-func TestParseStat(t *testing.T) {
-	p, err := parseStat("4242 (postgres: feed (x) idle) S 4200 4200 4200 0 -1 4194560 1 0 0 0 17 5 3 2 20 0 1 0 100 1000 10")
-	require.NoError(t, err)
-	assert.Equal(t, 4242, p.pid)
-	assert.Equal(t, 4200, p.ppid)
-	assert.Equal(t, "postgres: feed (x) idle", p.comm, "the name, parentheses and all")
-	assert.Equal(t, []uint64{17, 5, 3, 2}, []uint64{p.utime, p.stime, p.cutime, p.cstime})
-	_, err = parseStat("4242 postgres S 1")
-	assert.Error(t, err)
-
+func TestIsPostmaster(t *testing.T) {
 	assert.True(t, isPostmaster([]string{"/usr/lib/postgresql/17/bin/postgres", "-D", "/d", "-p", "5433"}, "5433"))
 	assert.False(t, isPostmaster([]string{"/usr/lib/postgresql/17/bin/postgres", "-D", "/d", "-p", "5433"}, "5432"))
 	assert.False(t, isPostmaster([]string{"redis-server", "-p", "5433"}, "5433"))
@@ -202,16 +197,6 @@ func TestPerProcessReaders(t *testing.T) {
 	_, err = pidCPU(-1)
 	assert.Error(t, err)
 	_, err = pidRSS(-1)
-	assert.Error(t, err)
-}
-
-func TestParseStatm(t *testing.T) {
-	v, err := parseStatm("2509 1830 1403 9 0 213 0\n", 4096)
-	require.NoError(t, err)
-	assert.Equal(t, int64(1830*4096), v)
-	_, err = parseStatm("2509", 4096)
-	assert.Error(t, err)
-	_, err = parseStatm("2509 x 1", 4096)
 	assert.Error(t, err)
 }
 

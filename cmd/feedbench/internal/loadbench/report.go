@@ -14,10 +14,8 @@ import (
 // Report is what one run measured.
 type Report struct {
 	Config Config
-	// Stack describes the service; CommandLine is how the bench was run;
-	// InProcess says the service ran in the bench's process.
+	// Stack describes the service; CommandLine is how the bench was run.
 	Stack, CommandLine string
-	InProcess          bool
 	// MachineNotes are facts of the machine that weigh on latency (DAMON's
 	// monitors), read as the run starts.
 	MachineNotes      []string

@@ -150,10 +150,8 @@ type Target struct {
 	Redis     redis.UniversalClient
 	JetStream jetstream.JetStream
 	// Stack describes the service for the report (how it was started, its
-	// settings); InProcess is true when the service runs in the bench's own
-	// process, so that the process's scheduling latencies are the service's.
-	Stack     string
-	InProcess bool
+	// settings).
+	Stack string
 	// OnPhase is told when a measured phase ("mixed", "reads") starts and
 	// ends, e.g. to profile it.
 	OnPhase func(phase string, start bool)
@@ -198,7 +196,7 @@ func Run(ctx context.Context, cfg Config, target Target) (*Report, error) {
 		fresh:   make(chan struct{}, 256),
 		cursors: make([]string, cfg.Users),
 		posts:   newRecentPosts(4096),
-		report: &Report{Config: cfg, Stack: target.Stack, InProcess: target.InProcess, Started: time.Now(),
+		report: &Report{Config: cfg, Stack: target.Stack, Started: time.Now(),
 			MachineNotes: damonNotes(os.DirFS("/"))},
 	}
 	defer r.api.close()

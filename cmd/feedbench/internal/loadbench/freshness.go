@@ -14,13 +14,9 @@ import (
 // by the time since the post's 202: every step's interval until its end,
 // then the next step's. The resolution is finest where the targets are (250
 // ms for ordinary authors, 2 s for big ones) and coarse past them, so that
-// the poller stays a small part of the reads however late the feeds are. Its
-// reads grow with the feeds' lateness, and they slow the feeds down: polls
-// every 10 ms, then 50 ms, of two followers a post made 1 100 reads a second
-// in a healthy soak and 3 500 in one whose feeds fell behind, against the
-// workload's 500; with 20 ms to 500 ms, then 250 ms, of one follower, 105 and
-// 420 (session 26). A post still unseen after 10 s costs 35 polls now, where
-// it cost 64 with the latter; one seen at 200 ms, 11 either way.
+// the poller stays a small part of the reads however late the feeds are: its
+// reads grow with the feeds' lateness, and they slow the feeds down (the
+// measurements are in decision 55).
 var pollSchedule = []struct{ until, every time.Duration }{
 	{300 * time.Millisecond, 20 * time.Millisecond},
 	{500 * time.Millisecond, 50 * time.Millisecond},

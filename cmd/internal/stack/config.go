@@ -1,9 +1,8 @@
-package main
+package stack
 
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -11,9 +10,9 @@ import (
 	"time"
 )
 
-// config is everything the service reads from its environment, parsed once here.
+// Config is everything the service reads from its environment, parsed once here.
 // The README's configuration table lists the same variables and defaults.
-type config struct {
+type Config struct {
 	HTTPAddr        string
 	DataDir         string
 	JWTSecret       string
@@ -35,7 +34,9 @@ type config struct {
 	Replicas     int
 	DedupWindow  time.Duration
 	DevRedisPort int
-	DevPGPort    int
+	// DevRedisRealtime is the SCHED_FIFO priority of dev's Redis (0: none).
+	DevRedisRealtime int
+	DevPGPort        int
 
 	InboxCap, OutboxCap, BigAccount, Partitions int
 	// PostCache is how many hydrated posts the API keeps (0: none).
@@ -59,41 +60,41 @@ type config struct {
 // timeout and the append's), which a shorter grace would not cover.
 const minMediaGrace = 5 * time.Minute
 
-// devJWTSecret signs and checks tokens in dev mode when FEED_JWT_SECRET is
+// DevJWTSecret signs and checks tokens in dev mode when FEED_JWT_SECRET is
 // unset, so `feed token` works against `feed dev` with no setup. Never for
 // production: serve refuses to start without a secret of its own.
-const devJWTSecret = "feed-development-secret-not-for-production"
+const DevJWTSecret = "feed-development-secret-not-for-production"
 
-// jwtSecret returns the secret to use; dev allows the development default.
-func (c config) jwtSecret(dev bool) (string, error) {
+// TokenSecret returns the secret to use; dev allows the development default.
+func (c Config) TokenSecret(dev bool) (string, error) {
 	switch {
 	case c.JWTSecret != "":
 		return c.JWTSecret, nil
 	case dev:
-		return devJWTSecret, nil
+		return DevJWTSecret, nil
 	default:
 		return "", errors.New("FEED_JWT_SECRET must be set for serve (at least 16 bytes)")
 	}
 }
 
 // The roles a process can run. Every process serves /healthz, /readyz and
-// /metrics; roleAPI adds the contract's routes.
+// /metrics; RoleAPI adds the contract's routes.
 const (
-	roleAPI       = "api"
-	roleReadModel = "readmodel" // the Postgres read model projector
-	rolePlanner   = "planner"   // the feed projector's first stage
-	roleAppliers  = "appliers"  // the feed projector's second stage (all partitions)
+	RoleAPI       = "api"
+	RoleReadModel = "readmodel" // the Postgres read model projector
+	RolePlanner   = "planner"   // the feed projector's first stage
+	RoleAppliers  = "appliers"  // the feed projector's second stage (all partitions)
 )
 
-var knownRoles = []string{roleAPI, roleReadModel, rolePlanner, roleAppliers}
+var knownRoles = []string{RoleAPI, RoleReadModel, RolePlanner, RoleAppliers}
 
-// variable is one documented environment variable.
-type variable struct {
-	name, def, help string
+// Variable is one documented environment variable.
+type Variable struct {
+	Name, Default, Help string
 }
 
-// variables is the configuration table, in README order.
-var variables = []variable{
+// Variables is the configuration table, in README order.
+var Variables = []Variable{
 	{"FEED_HTTP_ADDR", ":8080", "HTTP listen address."},
 	{"FEED_DATA_DIR", ".data", "Data directory: the NATS store (when NATS_URL is unset), media, and in dev mode Redis and Postgres data."},
 	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 16 bytes; required by `serve`. `dev` and `token` use a fixed development secret when it is unset."},
@@ -119,20 +120,23 @@ var variables = []variable{
 	{"FEED_STREAM_REPLICAS", "", "Replicas of every stream the service creates (3 on a JetStream cluster); unset keeps an existing stream's and creates new ones with 1. Only serve and dev apply it; tools never change a stream."},
 	{"FEED_DEDUP_WINDOW", "10m", "How long an Idempotency-Key / event id is remembered."},
 	{"FEED_DEV_REDIS_PORT", "16379", "dev: loopback port of the child Redis."},
+	{"FEED_DEV_REDIS_REALTIME", "0", "dev: realtime priority (SCHED_FIFO, 1–99) of the child Redis's command thread, so that it runs whenever it has work on a machine whose cores are all busy; needs root or `CAP_SYS_NICE`. 0 leaves it under the default policy (at niceness −5 where allowed)."},
 	{"FEED_DEV_POSTGRES_PORT", "15432", "dev: loopback port of the child Postgres."},
 	{"NATS_URL", "", "External NATS server or cluster; unset starts one as a child process (feed nats)."},
 	{"REDIS_URL", "", "External Redis; unset in dev mode starts a child redis-server."},
 	{"DATABASE_URL", "", "External Postgres; unset in dev mode starts a child postgres."},
 }
 
-func parseConfig(getenv func(string) string) (config, error) {
+// Parse reads the configuration from getenv, with the table's defaults, and
+// says everything wrong with it at once.
+func Parse(getenv func(string) string) (Config, error) {
 	get := func(name string) string {
 		if v := getenv(name); v != "" {
 			return v
 		}
-		for _, v := range variables {
-			if v.name == name {
-				return v.def
+		for _, v := range Variables {
+			if v.Name == name {
+				return v.Default
 			}
 		}
 		panic("undocumented variable " + name) // a programming error, caught by tests
@@ -159,32 +163,33 @@ func parseConfig(getenv func(string) string) (config, error) {
 		}
 		return parse(name, lo, hi)
 	}
-	cfg := config{
-		HTTPAddr:        get("FEED_HTTP_ADDR"),
-		DataDir:         get("FEED_DATA_DIR"),
-		JWTSecret:       get("FEED_JWT_SECRET"),
-		LogFormat:       get("FEED_LOG_FORMAT"),
-		ShutdownTimeout: duration("FEED_SHUTDOWN_TIMEOUT"),
-		ConsistencyWait: duration("FEED_CONSISTENCY_WAIT"),
-		NodeID:          integer("FEED_NODE_ID", 0, 255),
-		NATSURL:         get("NATS_URL"),
-		RedisURL:        get("REDIS_URL"),
-		DatabaseURL:     get("DATABASE_URL"),
-		NATSPort:        integer("FEED_NATS_PORT", 0, 65535),
-		NATSSync:        get("FEED_NATS_SYNC"),
-		StreamName:      get("FEED_STREAM"),
-		Replicas:        optional(integer, "FEED_STREAM_REPLICAS", 1, 5),
-		DedupWindow:     duration("FEED_DEDUP_WINDOW"),
-		DevRedisPort:    integer("FEED_DEV_REDIS_PORT", 0, 65535),
-		DevPGPort:       integer("FEED_DEV_POSTGRES_PORT", 0, 65535),
-		InboxCap:        integer("FEED_INBOX_CAP", 10, 100_000),
-		OutboxCap:       integer("FEED_OUTBOX_CAP", 10, 100_000),
-		InboxTTL:        duration("FEED_INBOX_TTL"),
-		BigAccount:      integer("FEED_BIG_ACCOUNT", 1, 1<<31-1),
-		Partitions:      integer("FEED_PARTITIONS", 1, 256),
-		PostCache:       integer("FEED_POST_CACHE", 0, 10_000_000),
-		PageCache:       integer("FEED_PAGE_CACHE", 0, 10_000_000),
-		MaintenanceRate: integer("FEED_MAINTENANCE_RATE", 1, 100_000),
+	cfg := Config{
+		HTTPAddr:         get("FEED_HTTP_ADDR"),
+		DataDir:          get("FEED_DATA_DIR"),
+		JWTSecret:        get("FEED_JWT_SECRET"),
+		LogFormat:        get("FEED_LOG_FORMAT"),
+		ShutdownTimeout:  duration("FEED_SHUTDOWN_TIMEOUT"),
+		ConsistencyWait:  duration("FEED_CONSISTENCY_WAIT"),
+		NodeID:           integer("FEED_NODE_ID", 0, 255),
+		NATSURL:          get("NATS_URL"),
+		RedisURL:         get("REDIS_URL"),
+		DatabaseURL:      get("DATABASE_URL"),
+		NATSPort:         integer("FEED_NATS_PORT", 0, 65535),
+		NATSSync:         get("FEED_NATS_SYNC"),
+		StreamName:       get("FEED_STREAM"),
+		Replicas:         optional(integer, "FEED_STREAM_REPLICAS", 1, 5),
+		DedupWindow:      duration("FEED_DEDUP_WINDOW"),
+		DevRedisPort:     integer("FEED_DEV_REDIS_PORT", 0, 65535),
+		DevRedisRealtime: integer("FEED_DEV_REDIS_REALTIME", 0, 99),
+		DevPGPort:        integer("FEED_DEV_POSTGRES_PORT", 0, 65535),
+		InboxCap:         integer("FEED_INBOX_CAP", 10, 100_000),
+		OutboxCap:        integer("FEED_OUTBOX_CAP", 10, 100_000),
+		InboxTTL:         duration("FEED_INBOX_TTL"),
+		BigAccount:       integer("FEED_BIG_ACCOUNT", 1, 1<<31-1),
+		Partitions:       integer("FEED_PARTITIONS", 1, 256),
+		PostCache:        integer("FEED_POST_CACHE", 0, 10_000_000),
+		PageCache:        integer("FEED_PAGE_CACHE", 0, 10_000_000),
+		MaintenanceRate:  integer("FEED_MAINTENANCE_RATE", 1, 100_000),
 
 		MediaGrace:           duration("FEED_MEDIA_GRACE"),
 		MediaCollectInterval: duration("FEED_MEDIA_COLLECT_INTERVAL"),
@@ -220,15 +225,33 @@ func parseConfig(getenv func(string) string) (config, error) {
 		errs = append(errs, "FEED_ROLES names no role")
 	}
 	if len(errs) > 0 {
-		return config{}, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
+		return Config{}, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
 	}
 	return cfg, nil
 }
 
-func newLogger(cfg config, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
-	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+// NATSEndpoint is the NATS server to connect to: NATS_URL, or the one
+// `feed dev` starts (feed nats) on its loopback port.
+func (c Config) NATSEndpoint() string {
+	if c.NATSURL != "" {
+		return c.NATSURL
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return fmt.Sprintf("nats://127.0.0.1:%d", c.NATSPort)
+}
+
+// RedisEndpoint is the Redis to connect to: REDIS_URL, or `feed dev`'s child.
+func (c Config) RedisEndpoint() string {
+	if c.RedisURL != "" {
+		return c.RedisURL
+	}
+	return fmt.Sprintf("redis://127.0.0.1:%d/0", c.DevRedisPort)
+}
+
+// DatabaseEndpoint is the Postgres to connect to: DATABASE_URL, or `feed
+// dev`'s child.
+func (c Config) DatabaseEndpoint() string {
+	if c.DatabaseURL != "" {
+		return c.DatabaseURL
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/feed?sslmode=disable", c.DevPGPort)
 }

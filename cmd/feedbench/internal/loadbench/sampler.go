@@ -2,10 +2,11 @@ package loadbench
 
 import (
 	"context"
-	"os"
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // Sample is the run's state at one tick of the sampler (once a second).
@@ -97,7 +98,7 @@ type prevState struct {
 	readModel, applied  float64
 	haveProjectorCounts bool
 	fanoutSeq           uint64
-	machine             cpuTicks
+	machine             cpuTimes
 	// Cumulative CPU times by probe, as last read.
 	cpu map[string]time.Duration
 }
@@ -137,10 +138,8 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 		MachineCPU: -1, ProcessCPU: -1, RedisCPU: -1, PostgresCPU: -1, NATSCPU: -1, KernelCPU: -1, BenchCPU: -1,
 		StealCPU: -1, DAMONCPU: -1,
 	}
-	if !s.r.target.InProcess {
-		if v, err := selfCPU(); err == nil {
-			smp.BenchCPU = cpuRate("bench", v, prev, &next, secs)
-		}
+	if v, err := selfCPU(); err == nil {
+		smp.BenchCPU = cpuRate("bench", v, prev, &next, secs)
 	}
 	if t, err := machineCPU(); err == nil {
 		next.machine = t
@@ -151,8 +150,10 @@ func (s *sampler) take(ctx context.Context, start time.Time, prev prevState) (Sa
 			smp.StealCPU = cores * float64(t.steal-p.steal)
 		}
 	}
-	if v, ok := kdamondCPU(os.DirFS("/")); ok {
-		smp.DAMONCPU = cpuRate("damon", v, prev, &next, secs)
+	if fs, err := procfs.NewDefaultFS(); err == nil {
+		if v, ok := kdamondCPU(fs); ok {
+			smp.DAMONCPU = cpuRate("damon", v, prev, &next, secs)
+		}
 	}
 	m, _ := s.r.api.metrics(ctx) // a failed scrape leaves the figures unknown
 	if m != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/feedproject/feed/cmd/feed/internal/loadbench"
+	"github.com/feedproject/feed/cmd/feedbench/internal/loadbench"
 )
 
 // TestPhaseProfilesWaitForTheLastCPUProfile: the runtime takes one CPU
