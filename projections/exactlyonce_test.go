@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -63,8 +65,10 @@ func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceR
 	rig.live, rig.clean = onceDatabase(t, pg, "live"), onceDatabase(t, pg, "clean")
 
 	connect := func(url string) (*nats.Conn, *events.Log) {
-		// As the service connects: reconnecting for ever, nothing buffered.
-		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
+		// As the service connects: reconnecting for ever, nothing buffered;
+		// and only through the URLs given, which may be the test's proxies.
+		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1),
+			nats.IgnoreDiscoveredServers())
 		require.NoError(t, err)
 		t.Cleanup(nc.Close)
 		js, err := jetstream.New(nc)
@@ -81,7 +85,7 @@ func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceR
 	rdb := redis.NewClient(&redis.Options{Addr: rd.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rig.store = feeds.NewStore(rdb, feeds.Config{})
-	planner := fanout.NewPlanner(rig.store, projLog.JetStream(), fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}, nil)
+	planner := fanout.NewPlanner(rig.store, projLog.JetStream(), fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 7, Replicas: projLog.Replicas()}, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	for u := range onceUsers {
 		require.NoError(t, rig.store.RequestMaterialise(ctx, domain.UserID(u+1)))
@@ -184,11 +188,14 @@ func (rig *onceRig) positions() string {
 	return fmt.Sprintf("appended up to %d, read model at %d, planner at %d", rig.head.Load(), rig.readRun.Position(), rig.planRun.Position())
 }
 
+// settled says which projectors applied the whole log.
+type settled struct{ planner, feeds bool }
+
 // settle waits, once the appends have stopped, until the projectors have
-// applied the whole log, then stops them. It reports whether the feeds caught
-// up: work lost on the way to the appliers can hold them back for good, and
-// the read model is still worth checking then.
-func (rig *onceRig) settle(t *testing.T, timeout time.Duration) (feedsCaughtUp bool) {
+// applied the whole log, then stops them. The read model must get there; the
+// feeds may not (work lost on the way to the appliers can hold them back for
+// good), and what did is still worth checking.
+func (rig *onceRig) settle(t *testing.T, timeout time.Duration) settled {
 	t.Helper()
 	defer rig.stop()
 	ctx := context.Background()
@@ -199,22 +206,52 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) (feedsCaughtUp b
 		return err == nil
 	}, timeout, 50*time.Millisecond, "the log's head")
 	t.Logf("settling at %d: %d appends answered, %d failed", head, rig.appended.Load(), rig.failed.Load())
-	require.Eventually(t, func() bool { return rig.readRun.Position() >= head }, timeout, 20*time.Millisecond,
-		"the read model did not reach the head %d within %s: %s", head, timeout, rig.positions())
-	var feedsAt uint64
-	deadline := time.Now().Add(timeout)
-	for feedsAt < head {
+	var feedsAt, reported uint64
+	start := time.Now()
+	deadline, report, stalled := start.Add(timeout), start, 0
+	for rig.readRun.Position() < head || rig.planRun.Position() < head || feedsAt < head {
+		if time.Since(report) >= 2*time.Second {
+			report = time.Now()
+			t.Logf("settling, at %s: %s, feeds at %d", since(start), rig.positions(), feedsAt)
+			// Work planned and not applied for a while: say where the
+			// appliers wait, once.
+			if stalled++; feedsAt > reported || rig.planRun.Position() <= feedsAt {
+				stalled = 0
+			}
+			if stalled == 3 {
+				t.Logf("the feeds stay at %d: %s\nwhere the appliers are:\n%s", feedsAt, rig.fanoutState(ctx), stacksOf("fanout.(*Applier)"))
+			}
+			reported = feedsAt
+		}
 		if time.Now().After(deadline) {
-			t.Errorf("the feeds did not reach the head %d within %s: %s, feeds at %d; %s",
-				head, timeout, rig.positions(), feedsAt, rig.fanoutState(ctx))
-			return false
+			if rig.readRun.Position() < head {
+				t.Fatalf("the read model did not reach the head %d within %s: %s", head, timeout, rig.positions())
+			}
+			t.Errorf("the feeds did not reach the head %d within %s: %s, feeds at %d; %s\nwhere the appliers are:\n%s",
+				head, timeout, rig.positions(), feedsAt, rig.fanoutState(ctx), stacksOf("fanout.(*Applier)"))
+			return settled{planner: rig.planRun.Position() >= head}
 		}
 		time.Sleep(20 * time.Millisecond)
 		if pos, err := fanout.Position(ctx, rig.store, rig.log.JetStream()); err == nil {
 			feedsAt = pos
 		}
 	}
-	return true
+	t.Logf("settled in %s", since(start))
+	return settled{planner: true, feeds: true}
+}
+
+// stacksOf is the stacks of this process's goroutines that pass through fn,
+// for a failure to make progress.
+func stacksOf(fn string) string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, fn) {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
 
 // fanoutState describes the fan-out stream and its consumers, for a failure
@@ -238,9 +275,10 @@ func (rig *onceRig) fanoutState(ctx context.Context) string {
 }
 
 // check compares the live read model with a clean replay of the log, row for
-// row, and, when they caught up, the feeds with the replayed read model:
-// every user's followees, and every inbox with the pull feed.
-func (rig *onceRig) check(t *testing.T, feedsCaughtUp bool) {
+// row; then, as far as they got, the feeds with the replayed read model: the
+// planner's graph (every user's followees and outbox) and every inbox with
+// the pull feed.
+func (rig *onceRig) check(t *testing.T, got settled) {
 	t.Helper()
 	ctx := context.Background()
 	onceReplay(t, rig.log, rig.clean)
@@ -248,34 +286,60 @@ func (rig *onceRig) check(t *testing.T, feedsCaughtUp bool) {
 	if want != have {
 		t.Errorf("the read model differs from a clean replay of the log:\n%s", lineDiff(want, have))
 	}
-	if !feedsCaughtUp {
+	if !got.planner {
 		return
 	}
-
 	store, err := rig.store.Active(ctx)
-	require.NoError(t, err)
-	truth := readmodel.NewStore(rig.clean)
-	big, err := store.BigAccounts(ctx)
 	require.NoError(t, err)
 	for u := range onceUsers {
 		user := domain.UserID(u + 1)
 		following, err := store.Following(ctx, user)
 		require.NoError(t, err)
 		slices.Sort(following)
-		var followees []domain.UserID
-		rows, err := rig.clean.Query(ctx, `SELECT followee_id FROM follows WHERE follower_id = $1 ORDER BY followee_id`, int64(user))
-		require.NoError(t, err)
-		for rows.Next() {
-			var id int64
-			require.NoError(t, rows.Scan(&id))
-			followees = append(followees, domain.UserID(id))
-		}
-		require.NoError(t, rows.Err())
+		followees := onceIDs[domain.UserID](t, rig.clean, `SELECT followee_id FROM follows WHERE follower_id = $1 ORDER BY followee_id`, user)
 		if !slices.Equal(followees, following) {
 			t.Errorf("user %d follows %v in the log, %v in Redis", user, followees, following)
 		}
+		outboxes, err := store.Outboxes(ctx, []domain.UserID{user})
+		require.NoError(t, err)
+		out := outboxes[user]
+		posts := onceIDs[domain.PostID](t, rig.clean, `SELECT id FROM posts WHERE user_id = $1 AND deleted_at IS NULL AND id >= $2 ORDER BY id DESC`, user, out.Floor)
+		if !slices.Equal(posts, out.Posts) {
+			t.Errorf("user %d: the outbox above its floor %d is not the user's posts: %d missing %v, %d extra %v",
+				user, out.Floor, len(minus(posts, out.Posts)), firstOf(minus(posts, out.Posts)), len(minus(out.Posts, posts)), firstOf(minus(out.Posts, posts)))
+		}
+	}
+	if got.feeds {
+		rig.checkInboxes(t, store)
+	}
+}
 
-		held, floor, _, ok, err := inbox.ReadAll(ctx, store, user)
+// onceIDs runs a query of one integer column with user as its first argument.
+func onceIDs[ID ~int64](t *testing.T, pool *pgxpool.Pool, query string, user domain.UserID, args ...any) []ID {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), query, append([]any{int64(user)}, args...)...)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ID, error) {
+		var id int64
+		err := r.Scan(&id)
+		return ID(id), err
+	})
+	require.NoError(t, err)
+	return ids
+}
+
+// checkInboxes compares every user's inbox above its floor with the pull feed
+// over the replayed read model, but for big accounts' posts, which reads
+// merge from their outboxes.
+func (rig *onceRig) checkInboxes(t *testing.T, store *feeds.Store) {
+	t.Helper()
+	ctx := context.Background()
+	truth := readmodel.NewStore(rig.clean)
+	big, err := store.BigAccounts(ctx)
+	require.NoError(t, err)
+	for u := range onceUsers {
+		user := domain.UserID(u + 1)
+		held, floor, seq, ok, err := inbox.ReadAll(ctx, store, user)
 		require.NoError(t, err)
 		if !ok {
 			t.Errorf("user %d: no inbox", user)
@@ -298,25 +362,53 @@ func (rig *onceRig) check(t *testing.T, feedsCaughtUp bool) {
 				haveIDs = append(haveIDs, p)
 			}
 		}
-		// A post in the inbox that is not in the pull feed: its history and
-		// the pair's, for the failure's diagnosis.
-		for _, x := range minus(haveIDs, wantIDs) {
-			var author int64
-			var deleted *time.Time
-			_ = rig.clean.QueryRow(ctx, `SELECT user_id, deleted_at FROM posts WHERE id = $1`, int64(x)).Scan(&author, &deleted)
-			var follows bool
-			_ = rig.clean.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM follows WHERE follower_id = $1 AND followee_id = $2)`, int64(user), author).Scan(&follows)
-			t.Logf("user %d has post %d in the inbox: author %d, deleted at %v, followed %v, big %v", user, x, author, deleted, follows, slices.Contains(big, domain.UserID(author)))
-			_ = rig.log.Read(ctx, events.ReadOptions{StopAtEnd: true, Filters: []string{fmt.Sprintf("ev.%d.*.%d", user, author), fmt.Sprintf("ev.%d.post.%d", author, x)}}, func(r events.Record) error {
-				t.Logf("  %d %s %s", r.Seq, r.Subject, r.Type)
-				return nil
-			})
-		}
 		if !slices.Equal(wantIDs, haveIDs) {
-			t.Errorf("user %d: the inbox above its floor %d is not the pull feed: %d posts missing %v, %d extra %v",
-				user, floor, len(minus(wantIDs, haveIDs)), firstOf(minus(wantIDs, haveIDs)), len(minus(haveIDs, wantIDs)), firstOf(minus(haveIDs, wantIDs)))
+			missing, extra := minus(wantIDs, haveIDs), minus(haveIDs, wantIDs)
+			t.Errorf("user %d: the inbox above its floor %d (at %d) is not the pull feed: %d posts missing %v, %d extra %v%s",
+				user, floor, seq, len(missing), firstOf(missing), len(extra), firstOf(extra), rig.history(t, user, append(firstOf(missing), firstOf(extra)...)))
 		}
 	}
+}
+
+// history finds in the log the events of posts and the follows and unfollows
+// between user and their authors, for a failure's message.
+func (rig *onceRig) history(t *testing.T, user domain.UserID, posts []domain.PostID) string {
+	t.Helper()
+	type line struct {
+		text     string
+		followee domain.UserID // of a follow or unfollow
+	}
+	authors := map[domain.UserID]bool{}
+	var lines []line
+	require.NoError(t, rig.log.Read(context.Background(), events.ReadOptions{StopAtEnd: true}, func(r events.Record) error {
+		switch ev := r.Event.(type) {
+		case events.PostCreated:
+			if slices.Contains(posts, ev.PostID) {
+				authors[ev.UserID] = true
+				lines = append(lines, line{text: fmt.Sprintf("%d: %d posts %d", r.Seq, ev.UserID, ev.PostID)})
+			}
+		case events.PostDeleted:
+			if slices.Contains(posts, ev.PostID) {
+				lines = append(lines, line{text: fmt.Sprintf("%d: %d deletes %d", r.Seq, ev.UserID, ev.PostID)})
+			}
+		case events.UserFollowed:
+			if ev.FollowerID == user {
+				lines = append(lines, line{fmt.Sprintf("%d: %d follows %d", r.Seq, user, ev.FolloweeID), ev.FolloweeID})
+			}
+		case events.UserUnfollowed:
+			if ev.FollowerID == user {
+				lines = append(lines, line{fmt.Sprintf("%d: %d unfollows %d", r.Seq, user, ev.FolloweeID), ev.FolloweeID})
+			}
+		}
+		return nil
+	}))
+	var b strings.Builder
+	for _, l := range lines {
+		if l.followee == 0 || authors[l.followee] {
+			b.WriteString("\n\t" + l.text)
+		}
+	}
+	return b.String()
 }
 
 func minus(a, b []domain.PostID) []domain.PostID {
@@ -328,6 +420,9 @@ func minus(a, b []domain.PostID) []domain.PostID {
 	}
 	return out
 }
+
+// since is the time from start, for the test's log.
+func since(start time.Time) time.Duration { return time.Since(start).Round(time.Millisecond) }
 
 func firstOf[T any](s []T) []T { return s[:min(len(s), 5)] }
 
@@ -397,25 +492,49 @@ func lineDiff(want, have string) string {
 // steady load of posts and follows, the node the projectors' connection goes
 // through and, in turn, the event stream's leader, at random points, and
 // restarts each: afterwards the read model equals a clean replay row for row
-// and every inbox is the pull feed. Messages a node had sent towards the
-// projectors when it went are never read; only a runner that notices the gap
-// in the sequences reads them again.
+// and every inbox is the pull feed. The projectors reach each node through a
+// proxy, and their node dies as messages to them are on their way (the proxy
+// cuts the connection then, and the node is killed at once): those messages
+// are never read, and only a consumer that notices the gap in the sequences
+// reads them again.
 func TestNoEventSkippedWhenTheProjectorsNodeOrTheLeaderIsKilled(t *testing.T) {
 	c := natscluster.Start(t, natscluster.Config{SyncAlways: true})
-	rig := newOnceRig(t, c.URLs(), c.URLs(), 3)
-	stopLoad := rig.load(4, 5*time.Millisecond)
+	proxies := make([]*natscluster.Proxy, c.Size())
+	urls := make([]string, c.Size())
+	for i := range proxies {
+		proxies[i] = natscluster.NewProxy(t, c.Addr(i))
+		urls[i] = proxies[i].URL()
+	}
+	rig := newOnceRig(t, c.URLs(), strings.Join(urls, ","), 3)
+	// A lighter load than on one server: the appliers apply work from a
+	// replicated stream, synced on every node.
+	stopLoad := rig.load(3, 15*time.Millisecond)
 	defer stopLoad()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("kill points seeded with %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 40))
-	const kills = 12
+	const kills = 10
+	start := time.Now()
 	for k := range kills {
 		time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
-		victim, why := c.ServerOf(rig.projNC), "the projectors' node"
+		victim := c.ServerOf(rig.projNC)
 		if k%2 == 1 || victim < 0 {
-			victim, why = c.WaitForStreamLeader("FEED_EVENTS", 10*time.Second), "the stream leader"
+			victim = c.WaitForStreamLeader("FEED_EVENTS", 10*time.Second)
+			t.Logf("kill %d at %s: node %d, the stream leader; %s", k+1, since(start), victim, rig.positions())
+		} else {
+			// Mostly events to the runners, now and then work to the appliers.
+			marker := "HMSG ev."
+			if k%6 == 4 {
+				marker = "HMSG fanout."
+			}
+			select {
+			case <-proxies[victim].CutOnNext([]byte(marker)):
+				t.Logf("kill %d at %s: node %d, the projectors', as %q was on its way; %s", k+1, since(start), victim, marker, rig.positions())
+			case <-time.After(2 * time.Second):
+				proxies[victim].CutAll()
+				t.Logf("kill %d at %s: node %d, the projectors', no %q for two seconds; %s", k+1, since(start), victim, marker, rig.positions())
+			}
 		}
-		t.Logf("kill %d: node %d, %s; %s", k+1, victim, why, rig.positions())
 		c.Kill(victim)
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
 		c.Restart(victim)
@@ -440,6 +559,7 @@ func TestNoEventSkippedWhenTheProjectorsConnectionIsCut(t *testing.T) {
 	t.Logf("cut points seeded with %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 41))
 	const cuts = 30
+	start := time.Now()
 	for k := range cuts {
 		time.Sleep(time.Duration(50+rng.IntN(250)) * time.Millisecond)
 		marker := "HMSG ev."
@@ -448,9 +568,9 @@ func TestNoEventSkippedWhenTheProjectorsConnectionIsCut(t *testing.T) {
 		}
 		select {
 		case <-proxy.CutOnNext([]byte(marker)):
-			t.Logf("cut %d: on %q; %s", k+1, marker, rig.positions())
-		case <-time.After(time.Second):
-			t.Logf("cut %d: no %q for a second, cut %d connections; %s", k+1, marker, proxy.CutAll(), rig.positions())
+			t.Logf("cut %d at %s: on %q; %s", k+1, since(start), marker, rig.positions())
+		case <-time.After(500 * time.Millisecond):
+			t.Logf("cut %d at %s: no %q for half a second, cut %d connections; %s", k+1, since(start), marker, proxy.CutAll(), rig.positions())
 		}
 	}
 	stopLoad()

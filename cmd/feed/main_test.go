@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/cmd/localstack"
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 )
 
 // devEnv is a dev-mode environment on free loopback ports in dir.
@@ -58,32 +58,51 @@ func freePorts(t *testing.T, n int) []int {
 // function that interrupts it and returns run's error.
 func startDev(t *testing.T, dir string, ports devPorts) (string, func() error) {
 	t.Helper()
+	return startRun(t, "dev", devEnv(dir, ports))
+}
+
+// startRun runs `feed <command>` (dev or serve) in the background and returns
+// its base URL, the fixed FEED_HTTP_ADDR of env or else the one it prints, and
+// a stop function that interrupts it and returns run's error.
+func startRun(t *testing.T, command string, env func(string) string) (string, func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out, w := io.Pipe()
+	stderr := &localstacktest.SyncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"dev"}, devEnv(dir, ports), w, io.Discard)
+		done <- run(ctx, []string{command}, env, w, stderr)
 		_ = w.Close()
 	}()
-	urls := make(chan string, 1)
-	go func() {
-		re := regexp.MustCompile(`http://[0-9.:]+`)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if u := re.FindString(sc.Text()); u != "" {
-				urls <- u
-			}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("feed %s's log:\n%s", command, stderr)
 		}
-	}()
+	})
+	urls := make(chan string, 1)
+	if addr := env("FEED_HTTP_ADDR"); addr != "" && !strings.HasSuffix(addr, ":0") {
+		urls <- "http://" + addr
+		go func() { _, _ = io.Copy(io.Discard, out) }()
+	} else {
+		go func() {
+			re := regexp.MustCompile(`http://[0-9.:]+`)
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if u := re.FindString(sc.Text()); u != "" {
+					urls <- u
+				}
+			}
+		}()
+	}
 	var base string
 	select {
 	case base = <-urls:
 	case err := <-done:
 		cancel()
-		t.Fatalf("feed dev exited before serving: %v", err)
+		t.Fatalf("feed %s exited before serving: %v", command, err)
 	case <-time.After(60 * time.Second):
 		cancel()
-		t.Fatal("feed dev did not start within 60s")
+		t.Fatalf("feed %s did not start within 60s", command)
 	}
 	var once bool
 	stop := func() error {
@@ -96,7 +115,7 @@ func startDev(t *testing.T, dir string, ports devPorts) (string, func() error) {
 		case err := <-done:
 			return err
 		case <-time.After(30 * time.Second):
-			return errors.New("feed dev did not stop within 30s of the interrupt")
+			return fmt.Errorf("feed %s did not stop within 30s of the interrupt", command)
 		}
 	}
 	t.Cleanup(func() { _ = stop() })
@@ -109,6 +128,11 @@ func waitReady(t *testing.T, base string) map[string]any {
 	t.Helper()
 	var body map[string]any
 	require.Eventually(t, func() bool {
+		resp, err := http.Head(base + "/healthz")
+		if err != nil {
+			return false // not listening yet
+		}
+		_ = resp.Body.Close()
 		var status int
 		status, body = get(t, base+"/readyz")
 		return status == http.StatusOK

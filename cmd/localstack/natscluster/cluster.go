@@ -203,10 +203,14 @@ func (c *Cluster) stop(i int) bool {
 // Size is the number of nodes.
 func (c *Cluster) Size() int { return len(c.nodes) }
 
-// URL is node i's client URL.
-func (c *Cluster) URL(i int) string {
-	return "nats://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(c.nodes[i].clientPort))
+// Addr is node i's client address, host:port; it stays the same across
+// restarts.
+func (c *Cluster) Addr(i int) string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(c.nodes[i].clientPort))
 }
+
+// URL is node i's client URL.
+func (c *Cluster) URL(i int) string { return "nats://" + c.Addr(i) }
 
 // URLs lists every node's client URL, comma-separated, as nats.Connect takes
 // them.

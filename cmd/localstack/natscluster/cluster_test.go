@@ -75,3 +75,44 @@ func TestProxyCutsAndTakesNewConnections(t *testing.T) {
 	}
 	require.NoError(t, nc.Flush())
 }
+
+// TestProxyCutsAsAMessageIsOnItsWay: a message the server sends while the
+// trap is armed never reaches the client, and the next one, after the
+// client reconnects, does.
+func TestProxyCutsAsAMessageIsOnItsWay(t *testing.T) {
+	ns := localstacktest.NATSForTest(t)
+	p := natscluster.NewProxy(t, ns.Server().Addr().String())
+	reconnected := make(chan struct{}, 1)
+	sub, err := nats.Connect(p.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
+		nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))
+	require.NoError(t, err)
+	t.Cleanup(sub.Close)
+	got := make(chan *nats.Msg, 10)
+	_, err = sub.ChanSubscribe("s", got)
+	require.NoError(t, err)
+	require.NoError(t, sub.Flush())
+	pub, err := nats.Connect(ns.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(pub.Close)
+
+	cut := p.CutOnNext([]byte("MSG s "))
+	require.NoError(t, pub.Publish("s", []byte("lost")))
+	select {
+	case <-cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the trap did not spring")
+	}
+	select {
+	case <-reconnected:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reconnection through the proxy after the cut")
+	}
+	require.NoError(t, sub.Flush())
+	require.NoError(t, pub.Publish("s", []byte("kept")))
+	select {
+	case m := <-got:
+		assert.Equal(t, "kept", string(m.Data), "the message on its way at the cut is lost")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message after the reconnection")
+	}
+}
