@@ -326,16 +326,19 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		return fmt.Errorf("FEED_NODE_ID: %w", err)
 	}
 	// The media store is the api role's: one process at a time may open a
-	// media directory.
+	// pack directory; every replica shares an object store.
 	api := slices.Contains(cfg.Roles, stack.RoleAPI)
-	var store media.Store
-	var pack *media.Pack
+	var store interface {
+		media.Store
+		media.Collectable
+	}
 	if api {
-		if pack, err = media.NewPack(filepath.Join(cfg.DataDir, "media")); err != nil {
+		if store, err = openMedia(ctx, cfg, in); err != nil {
 			return err
 		}
-		defer func() { _ = pack.Close() }()
-		store = pack
+		if c, ok := store.(io.Closer); ok {
+			defer func() { _ = c.Close() }()
+		}
 	}
 
 	checks := []feedhttp.Check{
@@ -429,7 +432,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	defer rebuilds.wait()
 	var collector *media.Collector
 	if api {
-		collector = media.NewCollector(pack, in.log, readStore,
+		collector = media.NewCollector(store, in.log, readStore,
 			media.CollectorConfig{Grace: cfg.MediaGrace, Interval: cfg.MediaCollectInterval}, logger)
 	}
 	deps := feedhttp.Deps{
@@ -547,4 +550,16 @@ func displayAddr(a net.Addr) string {
 		return fmt.Sprintf("127.0.0.1:%d", tcp.Port)
 	}
 	return a.String()
+}
+
+// openMedia opens the media store FEED_MEDIA_STORE names. The object store's
+// bucket is replicated as the event stream is.
+func openMedia(ctx context.Context, cfg stack.Config, in *infra) (interface {
+	media.Store
+	media.Collectable
+}, error) {
+	if cfg.MediaStore == stack.MediaObjectStore {
+		return media.NewObjectStore(ctx, in.js, media.ObjectStoreConfig{Replicas: in.log.Replicas()})
+	}
+	return media.NewPack(filepath.Join(cfg.DataDir, "media"))
 }
