@@ -46,7 +46,22 @@ func newTestApp(t *testing.T, checks ...Check) *testApp {
 // newTestAppConfig is newTestApp with the server's knobs set.
 func newTestAppConfig(t *testing.T, cfg Config, checks ...Check) *testApp {
 	t.Helper()
-	ns := localstacktest.NATSForTest(t)
+	var pack *media.Pack
+	a := newReplica(t, localstacktest.NATSForTest(t), 1, cfg, func(jetstream.JetStream, *events.Log) media.Store {
+		var err error
+		pack, err = media.NewPack(t.TempDir())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = pack.Close() })
+		return pack
+	}, checks...)
+	a.media = pack
+	return a
+}
+
+// newReplica is the app as one API process on ns runs it, with node as its
+// FEED_NODE_ID and the media store that open returns.
+func newReplica(t *testing.T, ns *localstack.NATS, node int, cfg Config, open func(jetstream.JetStream, *events.Log) media.Store, checks ...Check) *testApp {
+	t.Helper()
 	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
@@ -55,15 +70,13 @@ func newTestAppConfig(t *testing.T, cfg Config, checks ...Check) *testApp {
 	log, err := events.OpenLog(context.Background(), js, events.Config{}, nil)
 	require.NoError(t, err)
 	t.Cleanup(log.Close)
-	store, err := media.NewPack(t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = store.Close() })
+	store := open(js, log)
 	auth, err := NewAuthenticator(testSecret, nil)
 	require.NoError(t, err)
-	ids, err := domain.NewIDGenerator(1)
+	ids, err := domain.NewIDGenerator(node)
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	a := &testApp{log: log, js: js, nats: ns, auth: auth, media: store, now: time.Now()}
+	a := &testApp{log: log, js: js, nats: ns, auth: auth, now: time.Now()}
 	a.srv = NewServer(Deps{
 		Logger:     slog.New(slog.DiscardHandler),
 		Registerer: reg,

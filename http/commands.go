@@ -104,7 +104,14 @@ func (h *commands) appendEvent(ctx context.Context, id string, ev events.Event, 
 	if !res.Duplicate {
 		return res.Seq, ev, nil
 	}
-	first, err := h.log.Get(ctx, res.Seq)
+	// The append may have used up ctx finding out its outcome.
+	getCtx, cancelGet := context.WithTimeout(context.WithoutCancel(ctx), logTimeout)
+	defer cancelGet()
+	first, err := h.log.Get(getCtx, res.Seq)
+	if errors.Is(err, domain.ErrUnavailable) {
+		// Something is stored under this id: never a 503.
+		return 0, nil, fmt.Errorf("%w: event %d: load the first answer of a retried command: %v", domain.ErrOutcomeUnknown, res.Seq, err)
+	}
 	if err != nil {
 		return 0, nil, fmt.Errorf("load the first answer of a retried command: %w", err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
-	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -20,7 +20,7 @@ import (
 type HomeFeedCache interface {
 	// Page is a page of user's inbox; minPos is the reader's X-Min-Position
 	// (0: none), which a cache kept in memory must honour.
-	Page(ctx context.Context, user domain.UserID, before int64, n int, minPos uint64) (feeds.Page, error)
+	Page(ctx context.Context, user domain.UserID, before int64, n int, minPos uint64) (inbox.Page, error)
 	RequestMaterialise(ctx context.Context, user domain.UserID) error
 	Position(ctx context.Context) (uint64, error)
 }

@@ -28,6 +28,9 @@ import (
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/homefeed"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -55,7 +58,7 @@ type homeBench struct {
 	log   *events.Log
 	store *feeds.Store
 	read  *readmodel.Store
-	feeds *feeds.Reader
+	feeds *homefeed.Reader
 	reg   *prometheus.Registry
 	auth  *Authenticator
 	base  string
@@ -69,8 +72,8 @@ type homeBench struct {
 // serves every page from the read model.
 type pullOnly struct{ HomeFeedCache }
 
-func (pullOnly) Page(context.Context, domain.UserID, int64, int, uint64) (feeds.Page, error) {
-	return feeds.Page{}, nil
+func (pullOnly) Page(context.Context, domain.UserID, int64, int, uint64) (inbox.Page, error) {
+	return inbox.Page{}, nil
 }
 
 func (pullOnly) RequestMaterialise(context.Context, domain.UserID) error { return nil }
@@ -102,14 +105,14 @@ func newHomeBench(b *testing.B) *homeBench {
 
 	quiet := slog.New(slog.DiscardHandler)
 	h := &homeBench{log: log, store: feeds.NewStore(rdb, feeds.Config{}), read: readmodel.NewStore(pool), reg: prometheus.NewRegistry()}
-	planner := feeds.NewPlanner(h.store, js, feeds.PlannerConfig{}, nil)
+	planner := fanout.NewPlanner(h.store, js, fanout.PlannerConfig{}, nil)
 	if err := planner.EnsureStream(ctx); err != nil {
 		b.Fatal(err)
 	}
 	fast := projections.RunnerConfig{FetchWait: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
 	readRun := projections.NewRunner(log, readmodel.NewProjector(pool, nil), fast, nil, quiet)
 	planRun := projections.NewRunner(log, planner, fast, nil, quiet)
-	appliers := feeds.NewApplier(h.store, js, []int{0, 1, 2, 3}, nil, quiet)
+	appliers := fanout.NewApplier(h.store, js, []int{0, 1, 2, 3}, nil, quiet)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = readRun.Run(ctx) })
 	wg.Go(func() { _ = planRun.Run(ctx) })
@@ -133,10 +136,10 @@ func newHomeBench(b *testing.B) *homeBench {
 	if err != nil {
 		b.Fatal(err)
 	}
-	h.feeds = feeds.NewReader(h.store, js)
+	h.feeds = homefeed.NewReader(h.store, js)
 	posts := readmodel.NewCache(h.read, log, readmodel.CacheConfig{}, h.reg, quiet)
 	wg.Go(func() { _ = posts.Run(ctx) })
-	pages := feeds.NewPageCache(h.feeds, &redis.Options{Addr: stack.Redis.Addr()}, feeds.PageCacheConfig{}, h.reg, quiet)
+	pages := homefeed.NewPageCache(h.feeds, &redis.Options{Addr: stack.Redis.Addr()}, homefeed.PageCacheConfig{}, h.reg, quiet)
 	wg.Go(func() { _ = pages.Run(ctx) })
 	srv := NewServer(Deps{
 		Logger: quiet, Registerer: h.reg, Gatherer: h.reg, Log: log, Media: dir, Auth: h.auth, IDs: ids,
@@ -379,7 +382,7 @@ func homeLoad(b *testing.B, d time.Duration, op func(context.Context) error) hom
 // and the ratio (target >= 10x). It also prints the pull query's own calls
 // (Feed and Posts, no HTTP) by as many goroutines. It does so for the first page and
 // for a deeper page still inside the inbox. Beside them it prints the parts a
-// request is made of: the page's ids from the cache (feeds.Reader.Page) and
+// request is made of: the page's ids from the cache (homefeed.Reader.Page) and
 // from the pull query (Feed), the hydration (Posts) that both paths run, and
 // the feeds' position that every GET /feed reads.
 //
@@ -401,7 +404,7 @@ func BenchmarkHomeFeed(b *testing.B) {
 	}
 	inboxCap := h.store.Config().InboxCap
 	h.await(b, "the reader's inbox", func() bool {
-		posts, _, _, ok, err := h.store.Inbox(context.Background(), homeReader)
+		posts, _, _, ok, err := inbox.ReadAll(context.Background(), h.store, homeReader)
 		return err == nil && ok && len(posts) == inboxCap
 	})
 

@@ -22,6 +22,8 @@ import (
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 func (w *feedWorld) emit(t *testing.T, evs ...events.Event) {
@@ -53,7 +55,7 @@ func (w *feedWorld) materialise(t *testing.T, user domain.UserID) {
 	t.Helper()
 	w.page(t, user, "")
 	require.Eventually(t, func() bool {
-		_, _, _, ok, err := w.active(t).Inbox(context.Background(), user)
+		_, _, _, ok, err := inbox.ReadAll(context.Background(), w.active(t), user)
 		return err == nil && ok
 	}, 30*time.Second, 5*time.Millisecond, "inbox of %d not materialised", user)
 }
@@ -65,7 +67,7 @@ func (w *feedWorld) plannerReplayed(t *testing.T) {
 	head, err := w.log.Head(context.Background())
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		pos, err := w.store.PlannerPosition(context.Background())
+		pos, err := fanout.PlannerPosition(context.Background(), w.store)
 		return err == nil && pos >= head
 	}, 60*time.Second, 10*time.Millisecond, "the planner did not replay")
 }
@@ -90,7 +92,7 @@ func (w *feedWorld) exact(t *testing.T, user domain.UserID) []domain.PostID {
 	truth := w.truth(t, user)
 	require.Equal(t, truth, w.pageAll(t, user), "user %d: paging must yield the pull feed", user)
 	store := w.active(t)
-	inbox, floor, _, ok, err := store.Inbox(ctx, user)
+	held, floor, _, ok, err := inbox.ReadAll(ctx, store, user)
 	require.NoError(t, err)
 	if !ok {
 		return nil
@@ -110,13 +112,13 @@ func (w *feedWorld) exact(t *testing.T, user domain.UserID) []domain.PostID {
 		}
 	}
 	have := []string{}
-	for _, p := range inbox {
+	for _, p := range held {
 		if !fromBig[p] {
 			have = append(have, p.String())
 		}
 	}
 	require.Equal(t, want, have, "user %d: inbox above floor %d, big accounts %v", user, floor, big)
-	return inbox
+	return held
 }
 
 // TestPushRacingUnfollow: the author's posts and the reader's unfollow of
@@ -159,7 +161,7 @@ func TestPushIntoExpiredInbox(t *testing.T) {
 	require.NoError(t, w.rdb.Del(context.Background(), fmt.Sprintf("feed:v1:{%d}:iy", a)).Err()) // expired
 	w.post(t, b)
 	w.settle(t)
-	_, _, _, ok, err := w.store.Inbox(context.Background(), a)
+	_, _, _, ok, err := inbox.ReadAll(context.Background(), w.store, a)
 	require.NoError(t, err)
 	assert.False(t, ok, "a push into an expired inbox created one")
 	w.materialise(t, a)
@@ -454,13 +456,13 @@ func TestFeedWaitsForTheReadModelToHydrate(t *testing.T) {
 	w.emit(t, follow(a, b))
 	w.page(t, a, "") // asks for the inbox
 	require.Eventually(t, func() bool {
-		_, _, _, ok, err := w.store.Inbox(context.Background(), a)
+		_, _, _, ok, err := inbox.ReadAll(context.Background(), w.store, a)
 		return err == nil && ok
 	}, 30*time.Second, 5*time.Millisecond)
 	p := w.post(t, b)
 	require.Eventually(t, func() bool {
-		inbox, _, _, _, err := w.store.Inbox(context.Background(), a)
-		return err == nil && len(inbox) == 1
+		held, _, _, _, err := inbox.ReadAll(context.Background(), w.store, a)
+		return err == nil && len(held) == 1
 	}, 30*time.Second, 5*time.Millisecond, "the push reached the inbox")
 	time.AfterFunc(300*time.Millisecond, func() { close(start) })
 	v := w.page(t, a, "")
@@ -498,7 +500,7 @@ func TestMaintenanceRepairsCorruptedInboxes(t *testing.T) {
 		return redis.Z{Score: float64(domain.MaxID - int64(p)), Member: int64(p)}
 	}
 	segments := func() []string {
-		keys, err := w.store.InboxKeys(ctx, a)
+		keys, err := inbox.Keys(ctx, w.store, a)
 		require.NoError(t, err)
 		require.NotEmpty(t, keys)
 		if len(keys) == 1 {

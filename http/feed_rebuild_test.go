@@ -18,6 +18,7 @@ import (
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/repair"
 )
 
 // feedTraffic is a steady stream of posts, follows and unfollows, and of home
@@ -125,11 +126,11 @@ func TestFeedsRebuildDuringLiveTraffic(t *testing.T) {
 	w.settle(t)
 	traffic := w.startTraffic(t, users)
 
-	cfg := feeds.RebuildConfig{Planner: w.plan, Grace: 1500 * time.Millisecond}
+	cfg := repair.RebuildConfig{Planner: w.plan, Grace: 1500 * time.Millisecond}
 	quiet := slog.New(slog.DiscardHandler)
-	first, err := feeds.OpenRebuild(ctx, w.store, w.js, cfg, quiet)
+	first, err := repair.OpenRebuild(ctx, w.store, w.js, cfg, quiet)
 	require.NoError(t, err)
-	_, err = feeds.OpenRebuild(ctx, w.store, w.js, cfg, quiet)
+	_, err = repair.OpenRebuild(ctx, w.store, w.js, cfg, quiet)
 	require.ErrorIs(t, err, projections.ErrRebuildRunning, "a second rebuild is refused while one runs")
 	killed, kill := context.WithCancel(ctx)
 	err = projections.Replay(killed, w.log, first, projections.ReplayOptions{BatchSize: 40, Progress: func(p projections.Progress) {
@@ -140,7 +141,7 @@ func TestFeedsRebuildDuringLiveTraffic(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	first.Close()
 
-	second, err := feeds.OpenRebuild(ctx, w.store, w.js, cfg, quiet)
+	second, err := repair.OpenRebuild(ctx, w.store, w.js, cfg, quiet)
 	require.NoError(t, err)
 	defer second.Close()
 	assert.Equal(t, first.Version(), second.Version(), "the second rebuild resumes the first's keyspace")

@@ -29,6 +29,10 @@ import (
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/homefeed"
+	"github.com/feedproject/feed/projections/feeds/inbox"
+	"github.com/feedproject/feed/projections/feeds/repair"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -43,15 +47,15 @@ type feedWorld struct {
 	auth    *Authenticator
 	readRun *projections.Runner
 	planRun *projections.Runner
-	reader  *feeds.Reader
-	pages   *feeds.PageCache // nil on a Redis Cluster
+	reader  *homefeed.Reader
+	pages   *homefeed.PageCache // nil on a Redis Cluster
 	posts   *readmodel.Cache
 	redis   *localstack.Redis // nil on a Redis Cluster
 	ids     *domain.IDGenerator
 	n       int
-	maint   *feeds.Maintenance
+	maint   *repair.Maintenance
 	js      jetstream.JetStream
-	plan    feeds.PlannerConfig
+	plan    fanout.PlannerConfig
 	// deps are srv's, less its metrics, for tests that build another server.
 	deps  Deps
 	pgURL string
@@ -142,15 +146,15 @@ func buildFeedWorld(t *testing.T, cfg feeds.Config, startReadModel <-chan struct
 	w.store = feeds.NewStore(svc, cfg)
 	w.ids, err = domain.NewIDGenerator(5)
 	require.NoError(t, err)
-	w.js, w.plan = js, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}
-	planner := feeds.NewPlanner(w.store, js, w.plan, nil)
+	w.js, w.plan = js, fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 7}
+	planner := fanout.NewPlanner(w.store, js, w.plan, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	// Tests make maintenance passes themselves; every inbox is due at once.
-	w.maint = feeds.NewMaintenance(svc, w.store, planner, feeds.MaintenanceConfig{Period: time.Millisecond, Batch: 1000}, quiet)
+	w.maint = repair.NewMaintenance(svc, w.store, planner, repair.MaintenanceConfig{Period: time.Millisecond, Batch: 1000}, quiet)
 	fast := projections.RunnerConfig{FetchWait: 200 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
 	w.readRun = projections.NewRunner(log, readmodel.NewProjector(pool, nil), fast, nil, quiet)
 	w.planRun = projections.NewRunner(log, planner, fast, nil, quiet)
-	appliers := feeds.NewApplier(w.store, js, []int{0, 1, 2}, nil, quiet)
+	appliers := fanout.NewApplier(w.store, js, []int{0, 1, 2}, nil, quiet)
 	// Pages are hydrated through the post cache, as the service does.
 	w.posts = readmodel.NewCache(w.read, log, readmodel.CacheConfig{}, nil, quiet)
 	var wg sync.WaitGroup
@@ -190,12 +194,12 @@ func buildFeedWorld(t *testing.T, cfg feeds.Config, startReadModel <-chan struct
 	ids, err := domain.NewIDGenerator(2)
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	w.reader = feeds.NewReader(w.store, js)
+	w.reader = homefeed.NewReader(w.store, js)
 	var feedCache HomeFeedCache = w.reader
 	if servers.redis != nil {
 		// Pages are read through the page cache, as the service does on one
 		// Redis.
-		w.pages = feeds.NewPageCache(w.reader, &redis.Options{Addr: servers.redis.Addr()}, feeds.PageCacheConfig{}, nil, quiet)
+		w.pages = homefeed.NewPageCache(w.reader, &redis.Options{Addr: servers.redis.Addr()}, homefeed.PageCacheConfig{}, nil, quiet)
 		wg.Go(func() { _ = w.pages.Run(ctx) })
 		feedCache = w.pages
 	}
@@ -377,7 +381,7 @@ func (m *model) check() {
 		got := m.w.pageAll(m.t, user)
 		require.Equal(m.t, truth, got, "user %d: paging GET /feed must yield the pull feed", u)
 
-		inbox, floor, _, ok, err := m.w.store.Inbox(ctx, user)
+		held, floor, _, ok, err := inbox.ReadAll(ctx, m.w.store, user)
 		require.NoError(m.t, err)
 		if !ok {
 			continue
@@ -391,7 +395,7 @@ func (m *model) check() {
 			}
 		}
 		have := []string{}
-		for _, p := range inbox {
+		for _, p := range held {
 			if !slices.Contains(big, m.author[p]) {
 				have = append(have, p.String())
 			}

@@ -28,6 +28,8 @@ import (
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -83,7 +85,7 @@ func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceR
 	rdb := redis.NewClient(&redis.Options{Addr: rd.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rig.store = feeds.NewStore(rdb, feeds.Config{})
-	planner := feeds.NewPlanner(rig.store, projLog.JetStream(), feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 7, Replicas: projLog.Replicas()}, nil)
+	planner := fanout.NewPlanner(rig.store, projLog.JetStream(), fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 7, Replicas: projLog.Replicas()}, nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	for u := range onceUsers {
 		require.NoError(t, rig.store.RequestMaterialise(ctx, domain.UserID(u+1)))
@@ -94,7 +96,7 @@ func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceR
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	rig.readRun = projections.NewRunner(projLog, readmodel.NewProjector(rig.live, nil), cfg, nil, logger)
 	rig.planRun = projections.NewRunner(projLog, planner, cfg, nil, logger)
-	appliers := feeds.NewApplier(rig.store, projLog.JetStream(), []int{0, 1, 2}, nil, logger)
+	appliers := fanout.NewApplier(rig.store, projLog.JetStream(), []int{0, 1, 2}, nil, logger)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = rig.readRun.Run(ctx) })
 	wg.Go(func() { _ = rig.planRun.Run(ctx) })
@@ -217,7 +219,7 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) settled {
 				stalled = 0
 			}
 			if stalled == 3 {
-				t.Logf("the feeds stay at %d: %s\nwhere the appliers are:\n%s", feedsAt, rig.fanoutState(ctx), stacksOf("feeds.(*Applier)"))
+				t.Logf("the feeds stay at %d: %s\nwhere the appliers are:\n%s", feedsAt, rig.fanoutState(ctx), stacksOf("fanout.(*Applier)"))
 			}
 			reported = feedsAt
 		}
@@ -226,11 +228,11 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) settled {
 				t.Fatalf("the read model did not reach the head %d within %s: %s", head, timeout, rig.positions())
 			}
 			t.Errorf("the feeds did not reach the head %d within %s: %s, feeds at %d; %s\nwhere the appliers are:\n%s",
-				head, timeout, rig.positions(), feedsAt, rig.fanoutState(ctx), stacksOf("feeds.(*Applier)"))
+				head, timeout, rig.positions(), feedsAt, rig.fanoutState(ctx), stacksOf("fanout.(*Applier)"))
 			return settled{planner: rig.planRun.Position() >= head}
 		}
 		time.Sleep(20 * time.Millisecond)
-		if pos, err := feeds.Position(ctx, rig.store, rig.log.JetStream()); err == nil {
+		if pos, err := fanout.Position(ctx, rig.store, rig.log.JetStream()); err == nil {
 			feedsAt = pos
 		}
 	}
@@ -256,7 +258,7 @@ func stacksOf(fn string) string {
 // of the feeds to catch up.
 func (rig *onceRig) fanoutState(ctx context.Context) string {
 	js := rig.log.JetStream()
-	stream, err := js.Stream(ctx, feeds.FanoutStream)
+	stream, err := js.Stream(ctx, fanout.FanoutStream)
 	if err != nil {
 		return fmt.Sprintf("fan-out stream: %v", err)
 	}
@@ -337,7 +339,7 @@ func (rig *onceRig) checkInboxes(t *testing.T, store *feeds.Store) {
 	require.NoError(t, err)
 	for u := range onceUsers {
 		user := domain.UserID(u + 1)
-		inbox, floor, seq, ok, err := store.Inbox(ctx, user)
+		held, floor, seq, ok, err := inbox.ReadAll(ctx, store, user)
 		require.NoError(t, err)
 		if !ok {
 			t.Errorf("user %d: no inbox", user)
@@ -355,7 +357,7 @@ func (rig *onceRig) checkInboxes(t *testing.T, store *feeds.Store) {
 				wantIDs = append(wantIDs, e.PostID)
 			}
 		}
-		for _, p := range inbox {
+		for _, p := range held {
 			if !fromBig[p] {
 				haveIDs = append(haveIDs, p)
 			}

@@ -21,11 +21,13 @@ import (
 	feedhttp "github.com/feedproject/feed/http"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/repair"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
 // rebuildable are the projectors a rebuild knows, in the order "all" takes.
-var rebuildable = []string{readmodel.ProjectorName, feeds.PlannerName}
+var rebuildable = []string{readmodel.ProjectorName, fanout.PlannerName}
 
 // rebuilder rebuilds projectors by replay into a shadow: in the foreground for
 // `feed replay`, and in the background of a serving process for the admin
@@ -35,7 +37,7 @@ type rebuilder struct {
 	databaseURL string
 	feeds       *feeds.Store
 	js          jetstream.JetStream
-	planner     feeds.PlannerConfig
+	planner     fanout.PlannerConfig
 	logger      *slog.Logger
 
 	// ctx bounds background rebuilds (the process's life); runs holds the
@@ -68,8 +70,8 @@ func (b *rebuilder) open(ctx context.Context, name string, fresh bool) (projecti
 			return nil, nil, err
 		}
 		return rb, rb.Close, nil
-	case feeds.PlannerName:
-		rb, err := feeds.OpenRebuild(ctx, b.feeds, b.js, feeds.RebuildConfig{Planner: b.planner, Fresh: fresh}, b.logger)
+	case fanout.PlannerName:
+		rb, err := repair.OpenRebuild(ctx, b.feeds, b.js, repair.RebuildConfig{Planner: b.planner, Fresh: fresh}, b.logger)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -299,7 +301,7 @@ func newRebuilder(ctx context.Context, cfg stack.Config, log *events.Log, databa
 		feeds: feeds.NewStore(rdb, feeds.Config{
 			InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
 		}),
-		planner: feeds.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: log.Replicas()},
+		planner: fanout.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: log.Replicas()},
 		runs:    map[string]*feedhttp.RebuildStatus{},
 	}
 }

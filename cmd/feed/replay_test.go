@@ -25,6 +25,7 @@ import (
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -77,7 +78,7 @@ func (w *replayWorld) rebuilt(t *testing.T) {
 	store, err := feeds.NewStore(w.rdb, feeds.Config{}).Active(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), store.Version(), "the feeds switched to the rebuilt keyspace")
-	pos, err := store.PlannerPosition(ctx)
+	pos, err := fanout.PlannerPosition(ctx, store)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(300), pos)
 	outboxes, err := store.Outboxes(ctx, []domain.UserID{10, 11, 12, 13, 14})

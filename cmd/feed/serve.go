@@ -30,6 +30,10 @@ import (
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/homefeed"
+	"github.com/feedproject/feed/projections/feeds/inbox"
+	"github.com/feedproject/feed/projections/feeds/repair"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -328,16 +332,19 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		return fmt.Errorf("FEED_NODE_ID: %w", err)
 	}
 	// The media store is the api role's: one process at a time may open a
-	// media directory.
+	// pack directory; every replica shares an object store.
 	api := slices.Contains(cfg.Roles, stack.RoleAPI)
-	var store media.Store
-	var pack *media.Pack
+	var store interface {
+		media.Store
+		media.Collectable
+	}
 	if api {
-		if pack, err = media.NewPack(filepath.Join(cfg.DataDir, "media")); err != nil {
+		if store, err = openMedia(ctx, cfg, in); err != nil {
 			return err
 		}
-		defer func() { _ = pack.Close() }()
-		store = pack
+		if c, ok := store.(io.Closer); ok {
+			defer func() { _ = c.Close() }()
+		}
 	}
 
 	checks := []feedhttp.Check{
@@ -354,28 +361,28 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	feedStore := feeds.NewStore(in.redis, feeds.Config{
 		InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
 	})
-	if err := feedStore.LoadFunctions(ctx); errors.Is(err, feeds.ErrRedisTooOld) {
+	if err := inbox.LoadFunctions(ctx, feedStore); errors.Is(err, feeds.ErrRedisTooOld) {
 		return err
 	} else if err != nil {
 		logger.Warn("cannot load the feeds' Lua functions; each call will try again", "err", err)
 	}
 	checkRedisSettings(ctx, in.redis, feedStore.Config(), logger)
 	var (
-		planner  *feeds.Planner
-		appliers *feeds.Applier
+		planner  *fanout.Planner
+		appliers *fanout.Applier
 	)
 	if slices.Contains(cfg.Roles, stack.RolePlanner) || slices.Contains(cfg.Roles, stack.RoleAppliers) {
-		planner = feeds.NewPlanner(feedStore, in.js, feeds.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: in.log.Replicas()}, projMetrics)
-		if err := events.RetryUnavailable(ctx, logger, "create or update stream "+feeds.FanoutStream, func() error {
+		planner = fanout.NewPlanner(feedStore, in.js, fanout.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: in.log.Replicas()}, projMetrics)
+		if err := events.RetryUnavailable(ctx, logger, "create or update stream "+fanout.FanoutStream, func() error {
 			return planner.EnsureStream(ctx)
 		}); err != nil {
 			return err
 		}
 	}
-	var maintenance *feeds.Maintenance
+	var maintenance *repair.Maintenance
 	if slices.Contains(cfg.Roles, stack.RolePlanner) {
 		runners = append(runners, projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger))
-		maintenance = feeds.NewMaintenance(in.redis, feedStore, planner, feeds.MaintenanceConfig{Batch: cfg.MaintenanceRate}, logger)
+		maintenance = repair.NewMaintenance(in.redis, feedStore, planner, repair.MaintenanceConfig{Batch: cfg.MaintenanceRate}, logger)
 	}
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "feed_inbox_repairs_total",
@@ -386,8 +393,8 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		for i := range all {
 			all[i] = i
 		}
-		appliers = feeds.NewApplier(feedStore, in.js, all, projMetrics, logger)
-		checks = append(checks, feedhttp.Check{Name: "projector:" + feeds.AppliersName, Probe: func(context.Context) error {
+		appliers = fanout.NewApplier(feedStore, in.js, all, projMetrics, logger)
+		checks = append(checks, feedhttp.Check{Name: "projector:" + fanout.AppliersName, Probe: func(context.Context) error {
 			if !appliers.Running() {
 				return fmt.Errorf("feed appliers not consuming: %w", domain.ErrUnavailable)
 			}
@@ -407,14 +414,14 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	if cfg.PostCache > 0 {
 		postCache = readmodel.NewCache(readStore, in.log, readmodel.CacheConfig{Posts: cfg.PostCache, Likes: 5 * cfg.PostCache}, reg, logger)
 	}
-	reader := feeds.NewReader(feeds.NewStore(in.readRedis, feedStore.Config()), in.js)
+	reader := homefeed.NewReader(feeds.NewStore(in.readRedis, feedStore.Config()), in.js)
 	var feedCache feedhttp.HomeFeedCache = reader
-	var pageCache *feeds.PageCache
+	var pageCache *homefeed.PageCache
 	switch {
 	case cfg.PageCache > 0 && in.readOpts == nil:
 		logger.Info("no page cache on a Redis Cluster: every home feed page is read from Redis", "FEED_PAGE_CACHE", cfg.PageCache)
 	case cfg.PageCache > 0:
-		pageCache = feeds.NewPageCache(reader, in.readOpts, feeds.PageCacheConfig{Pages: cfg.PageCache}, reg, logger)
+		pageCache = homefeed.NewPageCache(reader, in.readOpts, homefeed.PageCacheConfig{Pages: cfg.PageCache}, reg, logger)
 		feedCache = pageCache
 	}
 	// Rebuilds started by the admin routes stop with the process, leaving their
@@ -423,7 +430,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	defer rebuilds.wait()
 	var collector *media.Collector
 	if api {
-		collector = media.NewCollector(pack, in.log, readStore,
+		collector = media.NewCollector(store, in.log, readStore,
 			media.CollectorConfig{Grace: cfg.MediaGrace, Interval: cfg.MediaCollectInterval}, logger)
 	}
 	deps := feedhttp.Deps{
@@ -513,7 +520,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 
 // materialiseLoop builds the inboxes readers ask for, between the planner's
 // batches, until ctx ends.
-func materialiseLoop(ctx context.Context, planner *feeds.Planner, logger *slog.Logger) error {
+func materialiseLoop(ctx context.Context, planner *fanout.Planner, logger *slog.Logger) error {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -567,4 +574,16 @@ func checkRedisSettings(ctx context.Context, rdb redis.UniversalClient, conf fee
 	if err != nil {
 		logger.Warn("cannot check the Redis settings", "err", err)
 	}
+}
+
+// openMedia opens the media store FEED_MEDIA_STORE names. The object store's
+// bucket is replicated as the event stream is.
+func openMedia(ctx context.Context, cfg stack.Config, in *infra) (interface {
+	media.Store
+	media.Collectable
+}, error) {
+	if cfg.MediaStore == stack.MediaObjectStore {
+		return media.NewObjectStore(ctx, in.js, media.ObjectStoreConfig{Replicas: in.log.Replicas()})
+	}
+	return media.NewPack(filepath.Join(cfg.DataDir, "media"))
 }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/projections"
-	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -119,7 +119,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		} else {
 			rep.Head = ptr(info.State.LastSeq)
 		}
-		if n, err := streamCount(ctx, conns.JetStream, feeds.FanoutStream, ""); err != nil {
+		if n, err := streamCount(ctx, conns.JetStream, fanout.FanoutStream, ""); err != nil {
 			rep.FanoutError = err.Error()
 		} else {
 			rep.FanoutBacklog = &n
@@ -146,7 +146,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		rep.Projectors = append(rep.Projectors, p)
 	}
 	add(readmodel.ProjectorName, first.ReadModel, last.ReadModel, nil)
-	add(feeds.PlannerName, first.Applied, last.Applied, last.Planned)
+	add(fanout.PlannerName, first.Applied, last.Applied, last.Planned)
 
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

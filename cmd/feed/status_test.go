@@ -21,6 +21,7 @@ import (
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -58,7 +59,7 @@ func TestStatus(t *testing.T) {
 	require.NoError(t, err)
 	rdb := redis.NewClient(ropts)
 	t.Cleanup(func() { _ = rdb.Close() })
-	require.NoError(t, feeds.NewStore(rdb, feeds.Config{}).SetPlannerPosition(ctx, 5))
+	require.NoError(t, fanout.SetPlannerPosition(ctx, feeds.NewStore(rdb, feeds.Config{}), 5))
 
 	t.Run("no fan-out or dead-letter streams yet", func(t *testing.T) {
 		rep := runStatus(t, env, "--interval", "100ms")
@@ -87,7 +88,7 @@ func TestStatus(t *testing.T) {
 			_, err := js.Publish(ctx, subj, []byte("{}"))
 			require.NoError(t, err)
 		}
-		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: feeds.FanoutStream, Subjects: []string{"fanout.>"}})
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: fanout.FanoutStream, Subjects: []string{"fanout.>"}})
 		require.NoError(t, err)
 		msg := nats.NewMsg("fanout.0")
 		msg.Header.Set("Feed-From-Seq", "4")

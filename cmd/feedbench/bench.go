@@ -32,7 +32,7 @@ import (
 	"github.com/feedproject/feed/cmd/localstack"
 	"github.com/feedproject/feed/domain"
 	feedhttp "github.com/feedproject/feed/http"
-	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
 )
 
 // benchOptions are bench's flags beyond the workload.
@@ -637,8 +637,8 @@ func (o *observers) readPositions(ctx context.Context) (loadbench.Positions, err
 		return loadbench.Positions{}, fmt.Errorf("projector positions: %s", strings.Join(why, "; "))
 	}
 	pos := loadbench.Positions{Head: info.State.LastSeq, ReadModel: *s.ReadModel, Planned: *s.Planned, Applied: *s.Applied}
-	if fanout, err := o.status.JetStream.Stream(ctx, feeds.FanoutStream); err == nil {
-		if fi, err := fanout.Info(ctx); err == nil {
+	if stream, err := o.status.JetStream.Stream(ctx, fanout.FanoutStream); err == nil {
+		if fi, err := stream.Info(ctx); err == nil {
 			pos.FanoutSeq, pos.FanoutBacklog = fi.State.LastSeq, fi.State.Msgs
 		}
 	}

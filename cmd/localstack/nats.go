@@ -1,6 +1,7 @@
 package localstack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,25 @@ type NATSConfig struct {
 	// MaxPayload is the largest message the server takes, headers included;
 	// 0 keeps the server's default (1 MiB).
 	MaxPayload int32
+	// Cluster, if its Name is set, makes the server a node of a JetStream
+	// cluster; every node needs its own ServerName and Dir.
+	Cluster NATSCluster
+	// HTTPPort, if above 0, serves the server's monitoring endpoints
+	// (/healthz, /jsz, /routez) on Host.
+	HTTPPort int
+}
+
+// NATSCluster is a server's place in a cluster.
+type NATSCluster struct {
+	// Name is the cluster's name, the same on every node.
+	Name string
+	// Host and Port are where this node listens for routes from the others;
+	// Host defaults to the server's.
+	Host string
+	Port int
+	// Routes are the other nodes' route URLs (nats-route://host:port); a
+	// node's own is ignored.
+	Routes []string
 }
 
 // NATS is a running embedded NATS server with JetStream enabled.
@@ -86,6 +106,15 @@ func StartNATS(cfg NATSConfig, log *slog.Logger) (*NATS, error) {
 	}
 	if !cfg.SyncAlways && cfg.SyncInterval > 0 {
 		opts.SyncInterval = cfg.SyncInterval
+	}
+	if cfg.Cluster.Name != "" {
+		opts.Cluster.Name = cfg.Cluster.Name
+		opts.Cluster.Host = cmp.Or(cfg.Cluster.Host, cfg.Host)
+		opts.Cluster.Port = cfg.Cluster.Port
+		opts.Routes = server.RoutesFromStr(strings.Join(cfg.Cluster.Routes, ","))
+	}
+	if cfg.HTTPPort > 0 {
+		opts.HTTPHost, opts.HTTPPort = cfg.Host, cfg.HTTPPort
 	}
 	// Debug logs from the server are only worth producing when someone will
 	// see them; trace (every protocol message) is never useful here.

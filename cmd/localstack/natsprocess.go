@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -216,6 +218,17 @@ func (c NATSConfig) args() []string {
 	if c.MaxPayload > 0 {
 		out = append(out, "--max-payload", strconv.Itoa(int(c.MaxPayload)))
 	}
+	if c.ServerName != "" {
+		out = append(out, "--name", c.ServerName)
+	}
+	if c.Cluster.Name != "" {
+		out = append(out, "--cluster", c.Cluster.Name,
+			"--cluster-listen", net.JoinHostPort(c.Cluster.Host, strconv.Itoa(c.Cluster.Port)),
+			"--routes", strings.Join(c.Cluster.Routes, ","))
+	}
+	if c.HTTPPort > 0 {
+		out = append(out, "--http-port", strconv.Itoa(c.HTTPPort))
+	}
 	return out
 }
 
@@ -234,6 +247,7 @@ func RunNATS(ctx context.Context, args []string, def NATSConfig, stderr io.Write
 		cfg.Host = loopback
 	}
 	var maxPayload int
+	var clusterListen, routes string
 	format := "text"
 	fs.StringVar(&format, "log", format, "log format: text (log as given), or json for StartNATSProcess to read")
 	fs.StringVar(&cfg.Dir, "dir", cfg.Dir, "JetStream store directory")
@@ -241,7 +255,15 @@ func RunNATS(ctx context.Context, args []string, def NATSConfig, stderr io.Write
 	fs.IntVar(&cfg.Port, "port", cfg.Port, "client port; 0 picks a free one")
 	fs.StringVar(&sync, "sync", sync, "fsync policy: always (acknowledged = on disk), or an interval such as 2m")
 	fs.IntVar(&maxPayload, "max-payload", int(cfg.MaxPayload), "largest message in bytes, headers included; 0 keeps the server's default (1 MiB)")
+	fs.StringVar(&cfg.ServerName, "name", cfg.ServerName, "server name, unique in a cluster")
+	fs.StringVar(&cfg.Cluster.Name, "cluster", cfg.Cluster.Name, "cluster name, the same on every node; unset runs a single server")
+	fs.StringVar(&clusterListen, "cluster-listen", "", "host:port this node listens on for routes from the others")
+	fs.StringVar(&routes, "routes", "", "the other nodes' route URLs, comma-separated (nats-route://host:port)")
+	fs.IntVar(&cfg.HTTPPort, "http-port", cfg.HTTPPort, "monitoring port (/healthz, /jsz); 0 serves none")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := parseCluster(&cfg, clusterListen, routes); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -275,6 +297,40 @@ func RunNATS(ctx context.Context, args []string, def NATSConfig, stderr io.Write
 	}
 	<-ctx.Done()
 	ns.Shutdown()
+	return nil
+}
+
+// parseCluster checks and applies the cluster flags of RunNATS.
+func parseCluster(cfg *NATSConfig, listen, routes string) error {
+	if cfg.Cluster.Name == "" {
+		if listen != "" || routes != "" {
+			return errors.New("nats: --cluster-listen and --routes need --cluster")
+		}
+		return nil
+	}
+	if cfg.ServerName == "" {
+		return errors.New("nats: a cluster node needs a --name of its own")
+	}
+	host, port, err := net.SplitHostPort(listen)
+	n, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || n <= 0 || n > 65535 {
+		return fmt.Errorf("nats: --cluster-listen %q is not host:port", listen)
+	}
+	cfg.Cluster.Host, cfg.Cluster.Port = host, n
+	cfg.Cluster.Routes = nil
+	for r := range strings.SplitSeq(routes, ",") {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		u, err := url.Parse(r)
+		if err != nil || u.Scheme != "nats-route" || u.Port() == "" {
+			return fmt.Errorf("nats: route %q is not nats-route://host:port", r)
+		}
+		cfg.Cluster.Routes = append(cfg.Cluster.Routes, r)
+	}
+	if len(cfg.Cluster.Routes) == 0 {
+		return errors.New("nats: a cluster node needs --routes to the others")
+	}
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package media
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -344,104 +343,15 @@ func (p *Pack) roll() error {
 // Save implements Store: the image is in the store when it returns, durable
 // once a Sync called afterwards returns.
 func (p *Pack) Save(ctx context.Context, r io.Reader, maxSize int64) (Image, error) {
-	if maxSize <= 0 || maxSize > maxImage {
-		return Image{}, fmt.Errorf("save image: size limit %d is not between 1 and %d", maxSize, maxImage)
-	}
-	if err := ctx.Err(); err != nil {
-		return Image{}, fmt.Errorf("save image: %w", err)
-	}
-	up, err := p.receive(ctx, r, maxSize)
+	up, img, fm, err := receive(ctx, r, maxSize, headerSize, p.path)
 	if err != nil {
 		return Image{}, err
 	}
 	defer up.release()
-	fm, cfg, err := inspect(up.content(), up.size)
-	if err != nil {
-		return Image{}, err
-	}
-	img := Image{
-		Key:         hex.EncodeToString(up.sum[:]) + "." + fm.ext,
-		ContentType: fm.contentType,
-		Width:       cfg.Width,
-		Height:      cfg.Height,
-		Size:        up.size,
-	}
 	if err := p.append(up, fm); err != nil {
 		return Image{}, fmt.Errorf("save image %s: %w", img.Key, err)
 	}
 	return img, nil
-}
-
-// upload is an image as received: in memory, or in a temporary file when
-// larger than memoryLimit.
-type upload struct {
-	buf  *bytes.Buffer
-	file *os.File
-	size int64
-	sum  [sha256.Size]byte
-	crc  uint32
-}
-
-var uploadBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-func (u *upload) content() io.ReaderAt {
-	if u.file != nil {
-		return u.file
-	}
-	return bytes.NewReader(u.data())
-}
-
-// data is an upload's bytes held in memory, after the room for its header.
-func (u *upload) data() []byte { return u.buf.Bytes()[headerSize:] }
-
-func (u *upload) release() {
-	if u.file != nil {
-		_ = u.file.Close()
-		_ = os.Remove(u.file.Name())
-	}
-	if u.buf != nil && u.buf.Cap() <= 2*memoryLimit {
-		u.buf.Reset()
-		uploadBuffers.Put(u.buf)
-	}
-	u.buf, u.file = nil, nil
-}
-
-// receive reads r to its end, or one byte past maxSize, hashing it.
-func (p *Pack) receive(ctx context.Context, r io.Reader, maxSize int64) (*upload, error) {
-	up := &upload{buf: uploadBuffers.Get().(*bytes.Buffer)}
-	// Room for the record's header, so that a small image is written as it
-	// was read, in one write.
-	var room [headerSize]byte
-	up.buf.Write(room[:])
-	sha, crc := sha256.New(), crc32.New(castagnoli)
-	src := io.TeeReader(io.LimitReader(ctxReader{ctx: ctx, r: r}, maxSize+1), io.MultiWriter(sha, crc))
-	n, err := up.buf.ReadFrom(io.LimitReader(src, memoryLimit))
-	if err == nil && n == memoryLimit {
-		// Larger than memory takes: the rest into a temporary file, with what
-		// was read.
-		if up.file, err = os.CreateTemp(p.path, tempPrefix+"*"); err == nil {
-			if _, err = up.file.Write(up.data()); err == nil {
-				var more int64
-				more, err = io.Copy(struct{ io.Writer }{up.file}, src)
-				n += more
-			}
-		}
-	}
-	up.size = n
-	switch {
-	case err != nil:
-		up.release()
-		return nil, fmt.Errorf("save image: %w", err)
-	case n > maxSize:
-		up.release()
-		return nil, fmt.Errorf("image is %d+ bytes; the limit is %d: %w", n, maxSize, domain.ErrTooLarge)
-	case n == 0:
-		up.release()
-		return nil, fmt.Errorf("image is empty: %w", domain.ErrInvalid)
-	}
-	copy(up.sum[:], sha.Sum(nil))
-	up.crc = crc.Sum32()
-	return up, nil
 }
 
 // append writes up's record to the last segment, unless the same bytes are

@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/http/media"
 )
@@ -28,20 +30,68 @@ type collectable interface {
 type storeKind struct {
 	name string
 	open func(t *testing.T, root string) collectable
+	// size is how many bytes the store in root takes (default diskBytes).
+	size func(t *testing.T, root string) int64
+	// readerGrace is how long a removed image's bytes stay for its readers.
+	readerGrace time.Duration
+}
+
+// objectStores are the JetStream servers of the object stores the tests
+// open, by the directory that names them.
+var objectStores sync.Map
+
+// objectReaderGrace is the tests' ObjectStoreConfig.ReaderGrace.
+const objectReaderGrace = time.Second
+
+func openObjectStore(t *testing.T, root string) *media.ObjectStore {
+	t.Helper()
+	js, ok := objectStores.Load(root)
+	if !ok {
+		js = localstacktest.JetStreamForTest(t)
+		objectStores.Store(root, js)
+		t.Cleanup(func() { objectStores.Delete(root) })
+	}
+	o, err := media.NewObjectStore(t.Context(), js.(jetstream.JetStream), media.ObjectStoreConfig{
+		TempDir: t.TempDir(), ReaderGrace: objectReaderGrace,
+	})
+	require.NoError(t, err)
+	return o
+}
+
+// objectStoreBytes is the size of the bucket's stream.
+func objectStoreBytes(t *testing.T, root string) int64 {
+	t.Helper()
+	js, ok := objectStores.Load(root)
+	require.True(t, ok)
+	s, err := js.(jetstream.JetStream).Stream(t.Context(), "OBJ_"+media.DefaultBucket)
+	require.NoError(t, err)
+	info, err := s.Info(t.Context())
+	require.NoError(t, err)
+	return int64(info.State.Bytes)
 }
 
 var storeKinds = []storeKind{
-	{"dir", func(t *testing.T, root string) collectable {
+	{name: "dir", open: func(t *testing.T, root string) collectable {
 		d, err := media.NewDir(root)
 		require.NoError(t, err)
 		return d
 	}},
-	{"pack", func(t *testing.T, root string) collectable {
+	{name: "pack", open: func(t *testing.T, root string) collectable {
 		p, err := media.NewPack(root)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = p.Close() })
 		return p
 	}},
+	{name: "objectstore", open: func(t *testing.T, root string) collectable { return openObjectStore(t, root) },
+		size: objectStoreBytes, readerGrace: objectReaderGrace},
+}
+
+func (k storeKind) bytes(t *testing.T, root string) int64 {
+	t.Helper()
+	if k.size != nil {
+		return k.size(t, root)
+	}
+	return diskBytes(t, root)
 }
 
 // TestStoreContract runs the contract of removing images over every store.
@@ -157,18 +207,29 @@ func testRemoveReclaims(t *testing.T, kind storeKind) {
 	for i := range 3 {
 		live = append(live, save(t, s, noisyPNG(t, 100, uint64(i))))
 	}
-	size := diskBytes(t, root)
+	size := kind.bytes(t, root)
 	var garbage []string
+	var garbageBytes int64
 	for i := range 8 {
-		garbage = append(garbage, save(t, s, noisyPNG(t, 200, uint64(100+i))).Key)
+		img := save(t, s, noisyPNG(t, 200, uint64(100+i)))
+		garbage, garbageBytes = append(garbage, img.Key), garbageBytes+img.Size
 	}
-	require.Greater(t, diskBytes(t, root), size+8*100_000)
+	require.Greater(t, kind.bytes(t, root), size+8*100_000)
 
 	got, err := s.Remove(t.Context(), garbage, time.Now().Add(time.Hour))
 	require.NoError(t, err)
+	if kind.readerGrace > 0 {
+		// The bytes go once no reader may be on them.
+		time.Sleep(kind.readerGrace + 10*time.Millisecond)
+		later, err := s.Remove(t.Context(), nil, time.Now().Add(time.Hour))
+		require.NoError(t, err)
+		assert.Equal(t, 0, later.Images)
+		got.Bytes += later.Bytes
+	}
 
 	assert.Equal(t, 8, got.Images)
-	assert.Equal(t, size, diskBytes(t, root), "the store is back to its size before")
+	assert.GreaterOrEqual(t, got.Bytes, garbageBytes)
+	assert.Equal(t, size, kind.bytes(t, root), "the store is back to its size before")
 	check := func(s collectable) {
 		for i, img := range live {
 			data, _ := readImage(t, s, img.Key)
@@ -182,7 +243,7 @@ func testRemoveReclaims(t *testing.T, kind storeKind) {
 	}
 	check(s)
 	check(reopen2(t, kind, s, root))
-	assert.Equal(t, size, diskBytes(t, root), "and stays so once opened again")
+	assert.Equal(t, size, kind.bytes(t, root), "and stays so once opened again")
 }
 
 // reopen2 closes s, if it can be, and opens the store in root again.

@@ -8,215 +8,115 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/feedproject/feed/domain"
-	"github.com/feedproject/feed/projections"
 )
 
-// graphFacts is what decides how a batch's follows are planned, read before
-// any of them is applied: the big accounts, whether each pair of the batch
-// follows, and each followee's follower count. From them the planner knows
-// the count after every follow, and so every change of an account's bigness,
-// before it writes anything (see Planner.planBatch).
-type graphFacts struct {
-	big    map[domain.UserID]bool
-	holds  map[projections.FollowPair]bool
-	counts map[domain.UserID]int64
-	// changed are the accounts whose bigness the batch changed, and to what.
-	changed map[domain.UserID]bool
-}
-
-// graphFacts reads the facts of pairs in one round trip. It also makes sure
-// Redis has the outbox function that the changes will run (a new Redis, a
-// restart without persistence, FUNCTION FLUSH): a change that failed for want
-// of it would leave the batch half made.
-func (s *Store) graphFacts(ctx context.Context, pairs []projections.FollowPair) (*graphFacts, error) {
-	pipe := s.rdb.Pipeline()
-	r := s.queueFacts(ctx, pipe, pairs)
-	_, _ = pipe.Exec(ctx) // each command's error is looked at by r.facts
-	return r.facts(ctx)
-}
-
-// factsRead is graphFacts's reads, queued on a pipeline.
-type factsRead struct {
-	s       *Store
-	scripts *redis.FunctionListCmd
-	big     *redis.StringSliceCmd
-	holds   map[projections.FollowPair]*redis.BoolCmd
-	counts  map[domain.UserID]*redis.IntCmd
-}
-
-// queueFacts queues on pipe the reads of graphFacts, so that they can share a
-// round trip with others (see Planner.Apply).
-func (s *Store) queueFacts(ctx context.Context, pipe redis.Pipeliner, pairs []projections.FollowPair) *factsRead {
-	r := &factsRead{
-		s:       s,
-		scripts: pipe.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: s.outboxAdd.name}),
-		big:     pipe.SMembers(ctx, s.key(stBigKey)),
-		holds:   make(map[projections.FollowPair]*redis.BoolCmd, len(pairs)),
-		counts:  map[domain.UserID]*redis.IntCmd{},
-	}
-	for _, pr := range pairs {
-		key := s.userKey(pr.Followee, stFollowerSuffix)
-		if _, ok := r.holds[pr]; !ok {
-			r.holds[pr] = pipe.SIsMember(ctx, key, int64(pr.Follower))
-		}
-		if _, ok := r.counts[pr.Followee]; !ok {
-			r.counts[pr.Followee] = pipe.SCard(ctx, key)
-		}
-	}
-	return r
-}
-
-// facts is what the reads found, once their pipeline has run; it loads the
-// outbox script if Redis lacks it.
-func (r *factsRead) facts(ctx context.Context) (*graphFacts, error) {
-	cmds := []redis.Cmder{r.scripts, r.big}
-	for _, c := range r.holds {
-		cmds = append(cmds, c)
-	}
-	for _, c := range r.counts {
-		cmds = append(cmds, c)
-	}
-	for _, c := range cmds {
-		if err := c.Err(); err != nil {
-			return nil, stFail("read the follow graph", err)
-		}
-	}
-	if len(r.scripts.Val()) == 0 {
-		if err := r.s.outboxAdd.Load(ctx, r.s.rdb); err != nil {
-			return nil, stFail("read the follow graph", err)
-		}
-	}
-	big, err := stParseUsers(r.big.Val(), "read big accounts", nil)
+// Follow records that follower follows followee. The two sets live in
+// different slots, so the writes are not atomic; both are idempotent and the
+// planner replays them after a crash.
+func (s *Store) Follow(ctx context.Context, follower, followee domain.UserID) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.SAdd(ctx, s.keys.Followers(followee), int64(follower))
+		p.SAdd(ctx, s.keys.Following(follower), int64(followee))
+		return nil
+	})
 	if err != nil {
-		return nil, err
-	}
-	f := &graphFacts{
-		big:     make(map[domain.UserID]bool, len(big)),
-		holds:   make(map[projections.FollowPair]bool, len(r.holds)),
-		counts:  make(map[domain.UserID]int64, len(r.counts)),
-		changed: map[domain.UserID]bool{},
-	}
-	for _, b := range big {
-		f.big[b] = true
-	}
-	for pr, cmd := range r.holds {
-		f.holds[pr] = cmd.Val()
-	}
-	for u, cmd := range r.counts {
-		f.counts[u] = cmd.Val()
-	}
-	return f, nil
-}
-
-// follow records in f that follower follows followee (or no longer does) and
-// returns the followee's follower count after it.
-func (f *graphFacts) follow(pr projections.FollowPair, follow bool) int64 {
-	n := f.counts[pr.Followee]
-	switch {
-	case follow && !f.holds[pr]:
-		n++
-	case !follow && f.holds[pr]:
-		n--
-	}
-	f.holds[pr], f.counts[pr.Followee] = follow, n
-	return n
-}
-
-// graphChanges queues the planner's changes of the graph and the outboxes
-// (not of the big accounts: see work.bigChanges),
-// and the reads that planning them needs, to be sent in one round trip. Redis
-// runs a pipeline's commands in order (on a Cluster, those of one key: every
-// read here follows the changes of its own key), so each read sees exactly
-// the changes queued before it, as if each had been a round trip of its own.
-type graphChanges struct {
-	s    *Store
-	ctx  context.Context
-	pipe redis.Pipeliner
-	// writes are the changes, whose failures fail the batch, and what each is.
-	writes []redis.Cmder
-	what   []string
-}
-
-func (s *Store) newGraphChanges(ctx context.Context) *graphChanges {
-	return &graphChanges{s: s, ctx: ctx, pipe: s.rdb.Pipeline()}
-}
-
-func (g *graphChanges) write(cmd redis.Cmder, what string) {
-	g.writes = append(g.writes, cmd)
-	g.what = append(g.what, what)
-}
-
-// changeOutbox queues an outbox change (see AddToOutbox, RemoveFromOutbox).
-func (g *graphChanges) changeOutbox(c OutboxChange) {
-	key, post := g.s.userKey(c.Author, stOutboxSuffix), strconv.FormatInt(int64(c.Post), 10)
-	if c.Remove {
-		g.write(g.pipe.ZRem(g.ctx, key, post), fmt.Sprintf("remove post %d from outbox of user %d", c.Post, c.Author))
-		return
-	}
-	g.write(g.s.outboxAdd.FCall(g.ctx, g.pipe, []string{key}, post, strconv.Itoa(g.s.cfg.OutboxCap)),
-		fmt.Sprintf("add post %d to outbox of user %d", c.Post, c.Author))
-}
-
-// followRead is what a follow's planning reads: the followee's follower count
-// and outbox after it.
-type followRead struct {
-	followee domain.UserID
-	count    *redis.IntCmd
-	outbox   outboxRead
-}
-
-func (r followRead) result() (int64, Outbox, error) {
-	n, err := r.count.Result()
-	if err != nil {
-		return 0, Outbox{}, stFail(fmt.Sprintf("count followers of user %d", r.followee), err)
-	}
-	ob, err := r.outbox.outbox()
-	return n, ob, err
-}
-
-// changeFollow queues that follower follows followee (or no longer does) and
-// the reads of the followee's follower count and outbox after it.
-func (g *graphChanges) changeFollow(pr projections.FollowPair, follow bool) followRead {
-	fol, fng := g.s.userKey(pr.Followee, stFollowerSuffix), g.s.userKey(pr.Follower, stFollowsSuffix)
-	what := fmt.Sprintf("record user %d follows %d: %t", pr.Follower, pr.Followee, follow)
-	if follow {
-		g.write(g.pipe.SAdd(g.ctx, fol, int64(pr.Follower)), what)
-		g.write(g.pipe.SAdd(g.ctx, fng, int64(pr.Followee)), what)
-	} else {
-		g.write(g.pipe.SRem(g.ctx, fol, int64(pr.Follower)), what)
-		g.write(g.pipe.SRem(g.ctx, fng, int64(pr.Followee)), what)
-	}
-	return followRead{
-		followee: pr.Followee,
-		count:    g.pipe.SCard(g.ctx, fol),
-		outbox:   g.s.queueWholeOutbox(g.ctx, g.pipe, pr.Followee),
-	}
-}
-
-// usersRead is a read of a set of users.
-type usersRead struct {
-	cmd  *redis.StringSliceCmd
-	what string
-}
-
-func (r usersRead) users() ([]domain.UserID, error) {
-	return stParseUsers(r.cmd.Val(), r.what, r.cmd.Err())
-}
-
-// followers queues a read of user's followers.
-func (g *graphChanges) followers(user domain.UserID) usersRead {
-	return usersRead{g.pipe.SMembers(g.ctx, g.s.userKey(user, stFollowerSuffix)), fmt.Sprintf("read followers of user %d", user)}
-}
-
-// exec sends the changes and reads, and fails if a change failed. The batch
-// may then be half made (as when the planner stops during it): the runner
-// rewinds and plans it again from its first event, which every change allows.
-func (g *graphChanges) exec() error {
-	_, _ = g.pipe.Exec(g.ctx) // each command's error is looked at below
-	for i, cmd := range g.writes {
-		if err := cmd.Err(); err != nil {
-			return stFail(g.what[i], err)
-		}
+		return Fail(fmt.Sprintf("record user %d follows %d", follower, followee), err)
 	}
 	return nil
+}
+
+// Unfollow records that follower no longer follows followee.
+func (s *Store) Unfollow(ctx context.Context, follower, followee domain.UserID) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.SRem(ctx, s.keys.Followers(followee), int64(follower))
+		p.SRem(ctx, s.keys.Following(follower), int64(followee))
+		return nil
+	})
+	if err != nil {
+		return Fail(fmt.Sprintf("record user %d unfollows %d", follower, followee), err)
+	}
+	return nil
+}
+
+// Followers returns the users who follow user, in no particular order.
+func (s *Store) Followers(ctx context.Context, user domain.UserID) ([]domain.UserID, error) {
+	return s.users(ctx, s.keys.Followers(user), fmt.Sprintf("read followers of user %d", user))
+}
+
+// FollowerCount returns how many users follow user.
+func (s *Store) FollowerCount(ctx context.Context, user domain.UserID) (int64, error) {
+	n, err := s.rdb.SCard(ctx, s.keys.Followers(user)).Result()
+	if err != nil {
+		return 0, Fail(fmt.Sprintf("count followers of user %d", user), err)
+	}
+	return n, nil
+}
+
+// Following returns the users user follows, in no particular order.
+func (s *Store) Following(ctx context.Context, user domain.UserID) ([]domain.UserID, error) {
+	return s.users(ctx, s.keys.Following(user), fmt.Sprintf("read followees of user %d", user))
+}
+
+// SetBig marks user as a big account (not pushed; merged at read time) or not.
+func (s *Store) SetBig(ctx context.Context, user domain.UserID, big bool) error {
+	var err error
+	if big {
+		err = s.rdb.SAdd(ctx, s.keys.Big(), int64(user)).Err()
+	} else {
+		err = s.rdb.SRem(ctx, s.keys.Big(), int64(user)).Err()
+	}
+	if err != nil {
+		return Fail(fmt.Sprintf("mark user %d big=%t", user, big), err)
+	}
+	return nil
+}
+
+// BigAccounts returns the big accounts, in no particular order.
+func (s *Store) BigAccounts(ctx context.Context) ([]domain.UserID, error) {
+	return s.users(ctx, s.keys.Big(), "read big accounts")
+}
+
+// BigFollowees returns those of the big accounts big that user follows, in
+// big's order: the authors whose outboxes Page merges in for user.
+func (s *Store) BigFollowees(ctx context.Context, user domain.UserID, big []domain.UserID) ([]domain.UserID, error) {
+	if len(big) == 0 {
+		return nil, nil
+	}
+	members := make([]any, len(big))
+	for i, b := range big {
+		members[i] = int64(b)
+	}
+	is, err := s.rdb.SMIsMember(ctx, s.keys.Following(user), members...).Result()
+	if err != nil {
+		return nil, Fail(fmt.Sprintf("read big followees of user %d", user), err)
+	}
+	var followed []domain.UserID
+	for i, yes := range is {
+		if yes {
+			followed = append(followed, big[i])
+		}
+	}
+	return followed, nil
+}
+
+// users reads the set of users at key.
+func (s *Store) users(ctx context.Context, key, what string) ([]domain.UserID, error) {
+	ms, err := s.rdb.SMembers(ctx, key).Result()
+	return ParseUsers(ms, what, err)
+}
+
+// ParseUsers turns a set's members (read with error err) into user ids.
+func ParseUsers(ms []string, what string, err error) ([]domain.UserID, error) {
+	if err != nil {
+		return nil, Fail(what, err)
+	}
+	users := make([]domain.UserID, 0, len(ms))
+	for _, m := range ms {
+		u, err := strconv.ParseInt(m, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: member %q is not a user id", what, m)
+		}
+		users = append(users, domain.UserID(u))
+	}
+	return users, nil
 }

@@ -53,7 +53,16 @@ type Config struct {
 	// MediaCollectInterval is how often unreferenced images are collected;
 	// 0: only when asked (FEED_MEDIA_COLLECT_INTERVAL).
 	MediaCollectInterval time.Duration
+	// MediaStore is where images live: MediaPack or MediaObjectStore
+	// (FEED_MEDIA_STORE).
+	MediaStore string
 }
+
+// The media stores FEED_MEDIA_STORE names.
+const (
+	MediaPack        = "pack"        // packs under FEED_DATA_DIR/media, one process's
+	MediaObjectStore = "objectstore" // JetStream's Object Store, shared by every replica
+)
 
 // minMediaGrace is the shortest FEED_MEDIA_GRACE: it must exceed the longest
 // time from an image's upload to its post's append (the request's read
@@ -109,6 +118,7 @@ var Variables = []Variable{
 	{"FEED_MAINTENANCE_RATE", "2", "Inboxes the maintenance round checks per second (each check reads every followee's outbox and holds the feed planner meanwhile)."},
 	{"FEED_MEDIA_GRACE", "1h", "Images are kept at least this long after their last upload, and after the post that showed them was deleted; older ones no post references are removed. At least 5m."},
 	{"FEED_MEDIA_COLLECT_INTERVAL", "1h", "How often the api role removes the images no post references and compacts the media packs; 0 only on `POST /admin/media/collect`."},
+	{"FEED_MEDIA_STORE", "pack", "Where the api role keeps images: `pack` (files under FEED_DATA_DIR/media, which one process at a time opens) or `objectstore` (the JetStream Object Store bucket FEED_MEDIA, replicated like the event stream, which every API replica shares)."},
 	{"FEED_NODE_ID", "0", "This process's node number in post and comment ids, 0–255: unique per API replica."},
 	{"FEED_LOG_LEVEL", "info", "debug, info, warn or error."},
 	{"FEED_LOG_FORMAT", "text", "text or json."},
@@ -193,6 +203,10 @@ func Parse(getenv func(string) string) (Config, error) {
 
 		MediaGrace:           duration("FEED_MEDIA_GRACE"),
 		MediaCollectInterval: duration("FEED_MEDIA_COLLECT_INTERVAL"),
+		MediaStore:           get("FEED_MEDIA_STORE"),
+	}
+	if cfg.MediaStore != MediaPack && cfg.MediaStore != MediaObjectStore {
+		errs = append(errs, fmt.Sprintf("FEED_MEDIA_STORE=%q is not %s or %s", cfg.MediaStore, MediaPack, MediaObjectStore))
 	}
 	if cfg.MediaGrace < minMediaGrace {
 		errs = append(errs, fmt.Sprintf("FEED_MEDIA_GRACE=%q is shorter than %s, the longest an upload may wait for its post", get("FEED_MEDIA_GRACE"), minMediaGrace))

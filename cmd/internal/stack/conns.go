@@ -13,6 +13,7 @@ import (
 
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -106,32 +107,32 @@ func (c *Conns) Positions(ctx context.Context) Positions {
 		}
 	}
 	if c.Feeds == nil {
-		s.Errs[feeds.PlannerName] = "redis unavailable: " + c.Errs["redis"]
+		s.Errs[fanout.PlannerName] = "redis unavailable: " + c.Errs["redis"]
 		return s
 	}
 	store, err := c.Feeds.Active(ctx)
 	if err != nil {
-		s.Errs[feeds.PlannerName] = err.Error()
+		s.Errs[fanout.PlannerName] = err.Error()
 		return s
 	}
-	planned, err := store.PlannerPosition(ctx)
+	planned, err := fanout.PlannerPosition(ctx, store)
 	if err != nil {
-		s.Errs[feeds.PlannerName] = err.Error()
+		s.Errs[fanout.PlannerName] = err.Error()
 		return s
 	}
 	s.Planned = &planned
 	if c.JetStream == nil {
-		s.Errs[feeds.PlannerName] = "nats unavailable: " + c.Errs["nats"]
+		s.Errs[fanout.PlannerName] = "nats unavailable: " + c.Errs["nats"]
 		return s
 	}
-	if _, err := c.JetStream.Stream(ctx, feeds.FanoutStream); errors.Is(err, jetstream.ErrStreamNotFound) {
+	if _, err := c.JetStream.Stream(ctx, fanout.FanoutStream); errors.Is(err, jetstream.ErrStreamNotFound) {
 		// No planner has run against this server: no work can be pending.
 		s.Applied = &planned
 		return s
 	}
-	applied, err := feeds.Position(ctx, store, c.JetStream)
+	applied, err := fanout.Position(ctx, store, c.JetStream)
 	if err != nil {
-		s.Errs[feeds.PlannerName] = err.Error()
+		s.Errs[fanout.PlannerName] = err.Error()
 		return s
 	}
 	s.Applied = &applied

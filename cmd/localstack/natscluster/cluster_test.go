@@ -26,16 +26,20 @@ func TestClusterSurvivesItsLeadersKillAndTakesItBack(t *testing.T) {
 	assert.GreaterOrEqual(t, c.ServerOf(nc), 0, "connected to a node")
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, Replicas: 3})
 	require.NoError(t, err)
 	publish := func(n int) {
 		for range n {
+			// A new leader is elected within seconds; each attempt is short
+			// so that one sent to the lost leader does not use up the wait.
 			require.Eventually(t, func() bool {
-				_, err := js.Publish(ctx, "s.x", []byte("x"))
+				actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+				defer acancel()
+				_, err := js.Publish(actx, "s.x", []byte("x"))
 				return err == nil
-			}, 10*time.Second, 50*time.Millisecond)
+			}, 30*time.Second, 50*time.Millisecond)
 		}
 	}
 	publish(10)

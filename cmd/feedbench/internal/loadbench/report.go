@@ -168,7 +168,7 @@ type StageSummary struct {
 }
 
 // plannerStages are the feed planner's stages in a batch's order (see
-// feeds.Planner.Apply).
+// fanout.Planner.Apply).
 var plannerStages = []string{"lock", "read", "changes", "plan", "publish", "position", "wait"}
 
 // ResourceSummary is one resource at the mixed phase's start and end.

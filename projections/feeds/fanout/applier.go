@@ -1,4 +1,4 @@
-package feeds
+package fanout
 
 import (
 	"context"
@@ -13,8 +13,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 // fromHeader carries, on each fan-out message, the first log sequence its work
@@ -28,13 +29,12 @@ const occurredHeader = "Feed-Occurred"
 // AppliersName names the appliers in metrics and checks.
 const AppliersName = "feeds-appliers"
 
-// Applier is the second stage of the feed projector (seed 000's "update the
-// feeds"): it applies the planner's work to the inboxes of some partitions. One
+// Applier is the second stage of the feed projector: it applies the planner's work to the inboxes of some partitions. One
 // goroutine per partition takes one message at a time, so each recipient's work
 // is applied in log order; inbox scripts skip work at or below the inbox's
 // sequence, so redelivered work changes nothing.
 type Applier struct {
-	store      *Store
+	store      *feeds.Store
 	js         jetstream.JetStream
 	partitions []int
 	logger     *slog.Logger
@@ -52,24 +52,37 @@ type Applier struct {
 	checked atomic.Int64
 	// beforeApply, when set (by tests), runs before each message's work is
 	// applied; an error fails the message as Redis would.
-	beforeApply func([]Item) error
+	beforeApply func([]inbox.Item) error
 }
 
 // NewApplier returns an applier of the given partitions. It applies work to
 // the keyspace version the work was planned for, unless a newer one is in use.
 // Its delays go to metrics (which may be nil).
-func NewApplier(store *Store, js jetstream.JetStream, partitions []int, metrics *projections.Metrics, logger *slog.Logger) *Applier {
+func NewApplier(store *feeds.Store, js jetstream.JetStream, partitions []int, metrics *projections.Metrics, logger *slog.Logger) *Applier {
 	return &Applier{store: store, js: js, partitions: partitions, metrics: metrics, fanout: liveFanout, logger: logger.With("projector", "feeds-applier")}
+}
+
+// NewShadowApplier returns the appliers of a rebuild's planner p (see
+// NewShadowPlanner): every partition of its stream, applied to its keyspace
+// version alone.
+func NewShadowApplier(store *feeds.Store, js jetstream.JetStream, p *Planner, logger *slog.Logger) *Applier {
+	parts := make([]int, p.cfg.Partitions)
+	for i := range parts {
+		parts[i] = i
+	}
+	a := NewApplier(store, js, parts, nil, logger)
+	a.fanout, a.pinned = p.cfg.fanout, p.cfg.version
+	return a
 }
 
 // storeFor returns the store to apply work for keyspace version v, or false if
 // that version was replaced.
-func (a *Applier) storeFor(ctx context.Context, v int64) (*Store, bool) {
+func (a *Applier) storeFor(ctx context.Context, v int64) (*feeds.Store, bool) {
 	if a.pinned != 0 {
 		return a.store.At(a.pinned), v == a.pinned
 	}
 	now, last := time.Now().UnixNano(), a.checked.Load()
-	if now-last >= int64(versionCheck) && a.checked.CompareAndSwap(last, now) {
+	if now-last >= int64(feeds.VersionCheck) && a.checked.CompareAndSwap(last, now) {
 		if active, err := a.store.ActiveVersion(ctx); err == nil {
 			raise(&a.floor, active)
 		}
@@ -222,7 +235,7 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 			return fmt.Errorf("%w: work delivery %d came where %d was expected", projections.ErrGap, meta.Sequence.Consumer, delivered+1)
 		}
 		delivered++
-		var items []Item
+		var items []inbox.Item
 		v, err := workVersion(msg)
 		if err == nil {
 			items, err = decodeWork(msg.Data())
@@ -244,7 +257,7 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 				return fmt.Errorf("apply work: %w", err)
 			}
 		}
-		n, err := store.applyItems(context.WithoutCancel(ctx), items, round)
+		n, err := inbox.ApplyTimed(context.WithoutCancel(ctx), store, items, round)
 		if err != nil {
 			// Not acknowledged: the next start delivers it before anything later.
 			return fmt.Errorf("apply work: %w", err)
@@ -310,51 +323,4 @@ func (w *lostWork) watch(ctx context.Context) {
 		w.stop()
 		return
 	}
-}
-
-// Position is how far the home feeds reflect the log: every event at or below
-// it has been planned and its work applied.
-func Position(ctx context.Context, store *Store, js jetstream.JetStream) (uint64, error) {
-	// The planner's position first: it is stored after its work is published,
-	// so if no work is pending afterwards, all work up to it was applied.
-	planned, err := store.PlannerPosition(ctx)
-	if err != nil {
-		return 0, err
-	}
-	stream, err := js.Stream(ctx, FanoutStream)
-	if err != nil {
-		return 0, fmt.Errorf("feeds position: %w: %w", domain.ErrUnavailable, err)
-	}
-	return positionAfter(ctx, planned, stream)
-}
-
-// positionAfter finishes Position given the planner's position, read first.
-func positionAfter(ctx context.Context, planned uint64, stream jetstream.Stream) (uint64, error) {
-	for attempt := 0; ; attempt++ {
-		info, err := stream.Info(ctx)
-		if err != nil {
-			return 0, fmt.Errorf("feeds position: %w: %w", domain.ErrUnavailable, err)
-		}
-		if info.State.Msgs == 0 {
-			return planned, nil
-		}
-		oldest, err := stream.GetMsg(ctx, info.State.FirstSeq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) && attempt < 3 {
-			continue // applied (and removed) between the two requests: look again
-		}
-		if err != nil {
-			return 0, fmt.Errorf("feeds position: %w", err)
-		}
-		return positionOf(planned, oldest)
-	}
-}
-
-// positionOf is the feeds' position given the planner's and the oldest work
-// not yet applied.
-func positionOf(planned uint64, oldest *jetstream.RawStreamMsg) (uint64, error) {
-	from, err := strconv.ParseUint(oldest.Header.Get(fromHeader), 10, 64)
-	if err != nil || from == 0 {
-		return 0, fmt.Errorf("feeds position: work without %s", fromHeader)
-	}
-	return min(planned, from-1), nil
 }

@@ -1,11 +1,10 @@
-package feeds
+package homefeed
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 // PageCache keeps home feed pages in the API process, so that a page read
@@ -111,7 +112,7 @@ type pageKey struct {
 }
 
 type cachedPage struct {
-	page  Page
+	page  inbox.Page
 	keys  []string
 	epoch uint64
 	// since is heard when the read began: a key changed after it makes the
@@ -165,13 +166,13 @@ func NewPageCache(reader *Reader, opts *redis.Options, cfg PageCacheConfig, reg 
 
 // Page is Reader.Page, from memory when it can be. A read that must see the
 // log position minPos (0: none) is always made in Redis.
-func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, n int, minPos uint64) (Page, error) {
+func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, n int, minPos uint64) (inbox.Page, error) {
 	s := c.reader.store(ctx)
-	if !s.batch {
+	if !s.SingleRedis() {
 		// A page reads keys of several hash slots in one transaction.
 		return c.reader.Page(ctx, user, before, n, minPos)
 	}
-	key := pageKey{s.prefix, user, before, n}
+	key := pageKey{s.Keys().Prefix(), user, before, n}
 	c.mu.Lock()
 	tracked, epoch, since := c.tracked, c.epoch, c.heard
 	if e, ok := c.pages.Get(key); ok && minPos == 0 {
@@ -185,9 +186,9 @@ func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, 
 		}
 		c.pages.Remove(key)
 	}
-	inbox := s.userKey(user, stInboxSuffix)
-	refresh := c.refreshDue(inbox)
-	head, _ := c.heads.Get(inbox)
+	meta := s.Keys().Inbox(user)
+	refresh := c.refreshDue(meta)
+	head, _ := c.heads.Get(meta)
 	c.mu.Unlock()
 
 	switch {
@@ -199,20 +200,18 @@ func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, 
 	default:
 		c.miss.Inc()
 	}
-	ts := *s
-	ts.rdb = tracked
-	page, read, err := ts.pageWithBig(ctx, user, before, n, refresh, head)
+	page, read, err := inbox.ReadPageTracked(ctx, s.WithClient(tracked), user, before, n, refresh, head)
 	if err != nil || !page.Materialised {
 		// An error, or the first read of a user who has no inbox yet: not
 		// worth keeping.
 		return page, err
 	}
-	if read.head != head {
+	if read.Head != head {
 		// The next read declares the head as read.
 		c.mu.Lock()
-		c.heads.Add(inbox, read.head)
+		c.heads.Add(meta, read.Head)
 		c.mu.Unlock()
-		if read.head != inbox {
+		if read.Head != meta {
 			// Read without its head declared (the first read of the inbox,
 			// or its head moved since the last one): Redis will not say when
 			// a push changes the head, so the page is not kept. (A small
@@ -225,10 +224,10 @@ func (c *PageCache) Page(ctx context.Context, user domain.UserID, before int64, 
 		c.beforeFill()
 	}
 	// The head's changes are heard as the inbox's (see invalidate).
-	keys := make([]string, 0, 3+len(read.followed))
-	keys = append(keys, inbox, s.userKey(user, stFollowsSuffix), s.key(stBigKey))
-	for _, a := range read.followed {
-		keys = append(keys, s.userKey(a, stOutboxSuffix))
+	keys := make([]string, 0, 3+len(read.Followed))
+	keys = append(keys, meta, s.Keys().Following(user), s.Keys().Big())
+	for _, a := range read.Followed {
+		keys = append(keys, s.Keys().Outbox(a))
 	}
 	e := &cachedPage{page: page, keys: keys, epoch: epoch, since: since, at: time.Now()}
 	c.mu.Lock()
@@ -274,7 +273,7 @@ func (c *PageCache) valid(e *cachedPage) bool {
 // hundredth of the TTL (and at least hourly), not on every read. c.mu is
 // held.
 func (c *PageCache) refreshDue(inbox string) bool {
-	every := min(c.reader.base.cfg.TTL/100, time.Hour)
+	every := min(c.reader.base.Config().TTL/100, time.Hour)
 	now := time.Now()
 	if last, ok := c.refreshed.Get(inbox); ok && now.Sub(last) < every {
 		return false
@@ -430,8 +429,8 @@ func (c *PageCache) Sync(ctx context.Context) error {
 		delete(c.syncs, marker)
 		c.mu.Unlock()
 	}()
-	if err := c.reader.base.rdb.Publish(ctx, invalidateChannel, marker).Err(); err != nil {
-		return stFail("sync the page cache", err)
+	if err := c.reader.base.Client().Publish(ctx, invalidateChannel, marker).Err(); err != nil {
+		return feeds.Fail("sync the page cache", err)
 	}
 	select {
 	case <-back:
@@ -471,23 +470,6 @@ func (c *PageCache) invalidate(keys []string) {
 		c.forgotten = c.heard
 	}
 	for _, k := range keys {
-		c.changed[inboxOf(k)] = c.heard
+		c.changed[feeds.InboxOf(k)] = c.heard
 	}
-}
-
-// segmentInfix is what an inbox segment's key has after its user's hash tag
-// (<p>{<uid>}:iy:<g>:<k>, see apply.lua).
-const segmentInfix = "}:" + stInboxSuffix + ":"
-
-// inboxOf is the inbox meta a segment's key belongs to, or key itself if it
-// is not a segment's. A change to a segment is recorded as its inbox's:
-// the pages that read it name the inbox, and a head's key is new every
-// segment's worth of posts, so recording the segments themselves would fill
-// the changes with names never heard again (under the bench's load, 500 a
-// second).
-func inboxOf(key string) string {
-	if i := strings.Index(key, segmentInfix); i >= 0 {
-		return key[:i+len(segmentInfix)-1]
-	}
-	return key
 }

@@ -8,7 +8,7 @@
 --         caching must declare the head, since Redis 7.0 tracks the keys a
 --         call declares, not those its function reads, and a push into the
 --         head changes the head alone (see apply.lua). A page whose head is
---         not the one declared is not tracked by it (see PageCache).
+--         not the one declared is not tracked by it (see homefeed.PageCache).
 -- ARGV[1] the lowest score (exclusive with "(") of the posts read: the
 --         cursor's, or "0" from the newest
 -- ARGV[2] n, the most posts read
@@ -21,7 +21,7 @@
 --
 -- The refresh goes before the reads: Redis stops tracking a key for its
 -- readers' caches when the key is changed, so a read before it would be left
--- untracked (see PageCache). Every change apply.lua makes to an inbox changes
+-- untracked (see homefeed.PageCache). Every change apply.lua makes to an inbox changes
 -- its meta or, a push into the head, the head alone: a reader tracking both
 -- hears of them all.
 

@@ -1,4 +1,4 @@
-package feeds
+package fanout
 
 import (
 	"cmp"
@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 // TestWorkBodyKeepsEveryItemInOrder encodes random work, with runs of pushes
@@ -23,25 +24,25 @@ import (
 // smaller than the items spelled out.
 func TestWorkBodyKeepsEveryItemInOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 5))
-	var items []Item
+	var items []inbox.Item
 	seq := uint64(100)
 	for len(items) < 5_000 {
 		seq++
 		switch rng.IntN(4) {
 		case 0, 1: // a post's push or removal to its author's followers
-			op := OpPush
+			op := inbox.OpPush
 			if rng.IntN(2) == 0 {
-				op = OpRemove
+				op = inbox.OpRemove
 			}
 			post := domain.PostID(rng.Int64N(1 << 50))
 			for range 1 + rng.IntN(80) {
-				items = append(items, Item{Recipient: domain.UserID(1 + rng.IntN(1000)), Seq: seq, Op: op, Posts: []domain.PostID{post}})
+				items = append(items, inbox.Item{Recipient: domain.UserID(1 + rng.IntN(1000)), Seq: seq, Op: op, Posts: []domain.PostID{post}})
 			}
 		case 2: // a merge of an outbox into one follower's inbox
-			items = append(items, Item{Recipient: domain.UserID(1 + rng.IntN(1000)), Seq: seq, Op: OpMerge,
+			items = append(items, inbox.Item{Recipient: domain.UserID(1 + rng.IntN(1000)), Seq: seq, Op: inbox.OpMerge,
 				Posts: []domain.PostID{9, 7, 5}, Floor: int64(rng.IntN(5))})
 		default: // a reconcile with allowed posts
-			items = append(items, Item{Recipient: domain.UserID(1 + rng.IntN(1000)), Seq: seq, Op: OpReconcile,
+			items = append(items, inbox.Item{Recipient: domain.UserID(1 + rng.IntN(1000)), Seq: seq, Op: inbox.OpReconcile,
 				Posts: []domain.PostID{8, 6}, Floor: 2, Allowed: []domain.PostID{4}})
 		}
 	}
@@ -69,15 +70,15 @@ func TestWorkBodyKeepsEveryItemInOrder(t *testing.T) {
 // field and empty lists; the recipient is written once per group, so the
 // body is smaller than that of the same items interleaved.
 func TestWorkBodyGroupsARecipientsItems(t *testing.T) {
-	items := []Item{
-		{Recipient: 7, Seq: 10, Op: OpPush, Posts: []domain.PostID{domain.MaxID - 1}},
-		{Recipient: 7, Seq: 12, Op: OpRemove, Posts: []domain.PostID{1}},
-		{Recipient: 7, Seq: 12, Op: OpMerge, Floor: 0}, // an empty outbox: no posts
-		{Recipient: 1 << 40, Seq: 3, Op: OpUnmerge, Posts: []domain.PostID{50, 40, 30}, Floor: 30},
-		{Recipient: 1 << 40, Seq: math.MaxUint64, Op: OpMaterialise, Posts: []domain.PostID{1 << 52, 5}, Floor: math.MinInt64},
-		{Recipient: 1 << 40, Seq: 0, Op: OpReconcile, Posts: []domain.PostID{-3}, Floor: math.MaxInt64, Allowed: []domain.PostID{math.MaxInt64, math.MinInt64}},
-		{Recipient: -5, Seq: 1, Op: OpReconcile, Allowed: []domain.PostID{2}},
-		{Recipient: 7, Seq: 13, Op: OpPush, Posts: []domain.PostID{domain.MaxID - 2}},
+	items := []inbox.Item{
+		{Recipient: 7, Seq: 10, Op: inbox.OpPush, Posts: []domain.PostID{domain.MaxID - 1}},
+		{Recipient: 7, Seq: 12, Op: inbox.OpRemove, Posts: []domain.PostID{1}},
+		{Recipient: 7, Seq: 12, Op: inbox.OpMerge, Floor: 0}, // an empty outbox: no posts
+		{Recipient: 1 << 40, Seq: 3, Op: inbox.OpUnmerge, Posts: []domain.PostID{50, 40, 30}, Floor: 30},
+		{Recipient: 1 << 40, Seq: math.MaxUint64, Op: inbox.OpMaterialise, Posts: []domain.PostID{1 << 52, 5}, Floor: math.MinInt64},
+		{Recipient: 1 << 40, Seq: 0, Op: inbox.OpReconcile, Posts: []domain.PostID{-3}, Floor: math.MaxInt64, Allowed: []domain.PostID{math.MaxInt64, math.MinInt64}},
+		{Recipient: -5, Seq: 1, Op: inbox.OpReconcile, Allowed: []domain.PostID{2}},
+		{Recipient: 7, Seq: 13, Op: inbox.OpPush, Posts: []domain.PostID{domain.MaxID - 2}},
 	}
 	data, err := encodeWork(items)
 	require.NoError(t, err)
@@ -86,9 +87,9 @@ func TestWorkBodyGroupsARecipientsItems(t *testing.T) {
 	require.Equal(t, items, got)
 
 	// The tightest body: each item three bytes, a post its last.
-	var tight []Item
+	var tight []inbox.Item
 	for i := range 100 {
-		tight = append(tight, Item{Recipient: 1, Seq: uint64(i), Op: OpPush, Posts: []domain.PostID{domain.PostID(i)}})
+		tight = append(tight, inbox.Item{Recipient: 1, Seq: uint64(i), Op: inbox.OpPush, Posts: []domain.PostID{domain.PostID(i)}})
 	}
 	data, err = encodeWork(tight)
 	require.NoError(t, err)
@@ -97,10 +98,10 @@ func TestWorkBodyGroupsARecipientsItems(t *testing.T) {
 	require.Equal(t, tight, got)
 
 	// A hundred recipients' pushes of the same twenty posts.
-	var grouped, interleaved []Item
+	var grouped, interleaved []inbox.Item
 	for r := range domain.UserID(100) {
 		for i := range 20 {
-			grouped = append(grouped, Item{Recipient: 1_000_000 + r, Seq: uint64(500 + i), Op: OpPush, Posts: []domain.PostID{domain.PostID(1<<48 + i<<13)}})
+			grouped = append(grouped, inbox.Item{Recipient: 1_000_000 + r, Seq: uint64(500 + i), Op: inbox.OpPush, Posts: []domain.PostID{domain.PostID(1<<48 + i<<13)}})
 		}
 	}
 	for i := range 20 {
@@ -124,13 +125,13 @@ func TestWorkBodyGroupsARecipientsItems(t *testing.T) {
 	assert.Less(t, 6*len(g), 5*len(i), "a recipient's group should hold its id once")
 	assert.Less(t, len(g), 6*len(grouped), "a grouped push should take about five bytes")
 
-	_, err = encodeWork([]Item{{Recipient: 1, Op: 0}})
+	_, err = encodeWork([]inbox.Item{{Recipient: 1, Op: 0}})
 	require.ErrorIs(t, err, domain.ErrInvalid, "an unknown op cannot be encoded")
 }
 
 // encodeWorkRuns encodes items in the second form, JSON runs (workBody),
 // which the planner published before the binary form.
-func encodeWorkRuns(items []Item) ([]byte, error) {
+func encodeWorkRuns(items []inbox.Item) ([]byte, error) {
 	var body workBody
 	for _, it := range items {
 		if n := len(body.Runs); n > 0 {
@@ -153,14 +154,14 @@ func encodeWorkRuns(items []Item) ([]byte, error) {
 // a JSON array of items; both decode, and a run without recipients is
 // refused.
 func TestWorkBodyDecodesEarlierForms(t *testing.T) {
-	var items []Item
+	var items []inbox.Item
 	for r := range domain.UserID(30) {
-		items = append(items, Item{Recipient: 100 + r, Seq: 9, Op: OpPush, Posts: []domain.PostID{1 << 48}})
+		items = append(items, inbox.Item{Recipient: 100 + r, Seq: 9, Op: inbox.OpPush, Posts: []domain.PostID{1 << 48}})
 	}
 	items = append(items,
-		Item{Recipient: 3, Seq: 10, Op: OpMerge, Posts: []domain.PostID{90, 80}, Floor: 80},
-		Item{Recipient: 3, Seq: 11, Op: OpReconcile, Posts: []domain.PostID{90}, Floor: 5, Allowed: []domain.PostID{70}},
-		Item{Recipient: 4, Seq: 11, Op: OpUnmerge, Floor: 12})
+		inbox.Item{Recipient: 3, Seq: 10, Op: inbox.OpMerge, Posts: []domain.PostID{90, 80}, Floor: 80},
+		inbox.Item{Recipient: 3, Seq: 11, Op: inbox.OpReconcile, Posts: []domain.PostID{90}, Floor: 5, Allowed: []domain.PostID{70}},
+		inbox.Item{Recipient: 4, Seq: 11, Op: inbox.OpUnmerge, Floor: 12})
 
 	runs, err := encodeWorkRuns(items)
 	require.NoError(t, err)
@@ -188,17 +189,17 @@ func TestWorkBodyDecodesEarlierForms(t *testing.T) {
 // a byte more, or whose counts claim more than it holds, is refused with an
 // error; none makes the decoder panic or allocate what its counts claim.
 func TestWorkBodyRefusesMalformedBinary(t *testing.T) {
-	items := []Item{
-		{Recipient: 7, Seq: 1 << 30, Op: OpPush, Posts: []domain.PostID{1 << 48}},
-		{Recipient: 7, Seq: 1<<30 + 4, Op: OpRemove, Posts: []domain.PostID{1<<48 + 9}},
-		{Recipient: 9, Seq: 1<<30 + 4, Op: OpReconcile, Posts: []domain.PostID{5, 3}, Floor: 3, Allowed: []domain.PostID{2}},
-		{Recipient: 1 << 45, Seq: 1<<30 + 5, Op: OpMerge, Posts: []domain.PostID{300, 200, 100}, Floor: 100},
+	items := []inbox.Item{
+		{Recipient: 7, Seq: 1 << 30, Op: inbox.OpPush, Posts: []domain.PostID{1 << 48}},
+		{Recipient: 7, Seq: 1<<30 + 4, Op: inbox.OpRemove, Posts: []domain.PostID{1<<48 + 9}},
+		{Recipient: 9, Seq: 1<<30 + 4, Op: inbox.OpReconcile, Posts: []domain.PostID{5, 3}, Floor: 3, Allowed: []domain.PostID{2}},
+		{Recipient: 1 << 45, Seq: 1<<30 + 5, Op: inbox.OpMerge, Posts: []domain.PostID{300, 200, 100}, Floor: 100},
 	}
 	data, err := encodeWork(items)
 	require.NoError(t, err)
 	refused := func(body []byte, why string) {
 		t.Helper()
-		var got []Item
+		var got []inbox.Item
 		require.NotPanics(t, func() { got, err = decodeWork(body) }, why)
 		require.ErrorIs(t, err, domain.ErrInvalid, "%s: % x decoded to %v", why, body, got)
 	}
@@ -224,11 +225,11 @@ func TestWorkBodyRefusesMalformedBinary(t *testing.T) {
 		}
 		return b
 	}
-	push := func(post int64) []any { return []any{byte(OpPush), int64(1), uint64(1), post} }
+	push := func(post int64) []any { return []any{byte(inbox.OpPush), int64(1), uint64(1), post} }
 	valid := body(append([]any{uint64(1), uint64(1), uint64(7), uint64(1)}, push(1<<48)...)...)
 	got, err := decodeWork(valid)
 	require.NoError(t, err, "the well-formed body the cases below spoil")
-	require.Equal(t, []Item{{Recipient: 7, Seq: 1, Op: OpPush, Posts: []domain.PostID{1 << 48}}}, got)
+	require.Equal(t, []inbox.Item{{Recipient: 7, Seq: 1, Op: inbox.OpPush, Posts: []domain.PostID{1 << 48}}}, got)
 
 	for why, b := range map[string][]byte{
 		"items beyond the body":   body(append([]any{uint64(1 << 40), uint64(1), uint64(7), uint64(1)}, push(1)...)...),
@@ -238,15 +239,15 @@ func TestWorkBodyRefusesMalformedBinary(t *testing.T) {
 		"fewer items than said":   body(append([]any{uint64(2), uint64(2), uint64(7), uint64(1)}, push(1)...)...),
 		"more items than said":    body(append(append([]any{uint64(1), uint64(2), uint64(7), uint64(2)}, push(1)...), push(2)...)...),
 		"fewer posts than said":   body(append([]any{uint64(1), uint64(2), uint64(7), uint64(1)}, push(1)...)...),
-		"more posts than said":    body(uint64(1), uint64(1), uint64(7), uint64(1), byte(OpMerge), int64(1), uint64(2), int64(5), int64(-1)),
+		"more posts than said":    body(uint64(1), uint64(1), uint64(7), uint64(1), byte(inbox.OpMerge), int64(1), uint64(2), int64(5), int64(-1)),
 		"a group of no items":     body(append([]any{uint64(1), uint64(1), uint64(7), uint64(0), uint64(7), uint64(1)}, push(1)...)...),
 		"a group beyond the body": body(append([]any{uint64(1), uint64(1), uint64(7), uint64(1 << 40)}, push(1)...)...),
-		"posts beyond the list":   body(uint64(1), uint64(1), uint64(7), uint64(1), byte(OpPush), int64(1), uint64(1<<40), int64(1)),
+		"posts beyond the list":   body(uint64(1), uint64(1), uint64(7), uint64(1), byte(inbox.OpPush), int64(1), uint64(1<<40), int64(1)),
 		"op zero":                 body(uint64(1), uint64(1), uint64(7), uint64(1), byte(0), int64(1), uint64(1), int64(1)),
-		"an unknown op":           body(uint64(1), uint64(1), uint64(7), uint64(1), byte(OpReconcile+1), int64(1), uint64(1), int64(1)),
-		"unknown head bits":       body(uint64(1), uint64(1), uint64(7), uint64(1), byte(OpPush|0x80), int64(1), uint64(1), int64(1)),
-		"no floor after its flag": body(uint64(1), uint64(1), uint64(7), uint64(1), byte(OpMerge|workHasFloor), int64(1), uint64(1), int64(1)),
-		"allowed beyond the body": body(uint64(1), uint64(2), uint64(7), uint64(1), byte(OpReconcile|workHasAllowed), int64(1), uint64(1), int64(1), uint64(1<<40)),
+		"an unknown op":           body(uint64(1), uint64(1), uint64(7), uint64(1), byte(inbox.OpReconcile+1), int64(1), uint64(1), int64(1)),
+		"unknown head bits":       body(uint64(1), uint64(1), uint64(7), uint64(1), byte(inbox.OpPush|0x80), int64(1), uint64(1), int64(1)),
+		"no floor after its flag": body(uint64(1), uint64(1), uint64(7), uint64(1), byte(inbox.OpMerge|workHasFloor), int64(1), uint64(1), int64(1)),
+		"allowed beyond the body": body(uint64(1), uint64(2), uint64(7), uint64(1), byte(inbox.OpReconcile|workHasAllowed), int64(1), uint64(1), int64(1), uint64(1<<40)),
 	} {
 		refused(b, why)
 	}
@@ -289,19 +290,19 @@ func TestRecipientGroupsKeepEachRecipientsOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var g recipientGroups
 	for round := range 50 {
-		items := make([]Item, rng.IntN(3000))
+		items := make([]inbox.Item, rng.IntN(3000))
 		for i := range items {
-			items[i] = Item{Recipient: domain.UserID(1 + rng.IntN(1+round*10)), Seq: uint64(i), Op: OpPush}
+			items[i] = inbox.Item{Recipient: domain.UserID(1 + rng.IntN(1+round*10)), Seq: uint64(i), Op: inbox.OpPush}
 		}
 		var first []domain.UserID
-		want := map[domain.UserID][]Item{}
+		want := map[domain.UserID][]inbox.Item{}
 		for _, it := range items {
 			if _, ok := want[it.Recipient]; !ok {
 				first = append(first, it.Recipient)
 			}
 			want[it.Recipient] = append(want[it.Recipient], it)
 		}
-		var expected []Item
+		var expected []inbox.Item
 		for _, u := range first {
 			expected = append(expected, want[u]...)
 		}
@@ -310,7 +311,7 @@ func TestRecipientGroupsKeepEachRecipientsOrder(t *testing.T) {
 		again := g.arrange(slices.Clone(got))
 		require.Equal(t, expected, again, "round %d: grouped already", round)
 	}
-	grouped := []Item{{Recipient: 1}, {Recipient: 1}, {Recipient: 2}}
+	grouped := []inbox.Item{{Recipient: 1}, {Recipient: 1}, {Recipient: 2}}
 	assert.Same(t, &grouped[0], &g.arrange(grouped)[0], "work grouped already is not copied")
 }
 
@@ -329,17 +330,17 @@ func BenchmarkWorkEncoding(b *testing.B) {
 		ms += 1 + rng.Int64N(3)
 		posts[i] = domain.PostID(ms<<12 | rng.Int64N(256)<<4)
 	}
-	var items []Item
+	var items []inbox.Item
 	for range 1000 {
 		recipient := domain.UserID(1_000_000 + rng.Int64N(50_000_000))
 		for _, i := range rng.Perm(len(posts))[:25] {
-			items = append(items, Item{Recipient: recipient, Seq: 40_000_000 + uint64(i), Op: OpPush, Posts: []domain.PostID{posts[i]}})
+			items = append(items, inbox.Item{Recipient: recipient, Seq: 40_000_000 + uint64(i), Op: inbox.OpPush, Posts: []domain.PostID{posts[i]}})
 		}
-		slices.SortFunc(items[len(items)-25:], func(a, b Item) int { return cmp.Compare(a.Seq, b.Seq) })
+		slices.SortFunc(items[len(items)-25:], func(a, b inbox.Item) int { return cmp.Compare(a.Seq, b.Seq) })
 	}
 	for _, form := range []struct {
 		name   string
-		encode func([]Item) ([]byte, error)
+		encode func([]inbox.Item) ([]byte, error)
 	}{{"json-runs", encodeWorkRuns}, {"binary", encodeWork}} {
 		data, err := form.encode(items)
 		require.NoError(b, err)

@@ -1,4 +1,4 @@
-package feeds_test
+package fanout_test
 
 import (
 	"context"
@@ -26,6 +26,8 @@ import (
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 // roundTrips counts the client's round trips to Redis: single commands and
@@ -55,7 +57,7 @@ type plannerRig struct {
 	js    jetstream.JetStream
 	store *feeds.Store
 	trips *roundTrips
-	pcfg  feeds.PlannerConfig
+	pcfg  fanout.PlannerConfig
 	// bytes and biggest are the fan-out messages' bodies read back: in all,
 	// and the largest.
 	bytes, biggest, msgs int
@@ -63,12 +65,12 @@ type plannerRig struct {
 
 func newPlannerRig(t *testing.T, cfg feeds.Config) *plannerRig {
 	t.Helper()
-	return newPlannerRigOn(t, cfg, localstack.NATSConfig{}, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 5})
+	return newPlannerRigOn(t, cfg, localstack.NATSConfig{}, fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 5})
 }
 
 // newPlannerRigOn is newPlannerRig with the NATS server configured as ncfg
 // and the planners as pcfg.
-func newPlannerRigOn(t *testing.T, cfg feeds.Config, ncfg localstack.NATSConfig, pcfg feeds.PlannerConfig) *plannerRig {
+func newPlannerRigOn(t *testing.T, cfg feeds.Config, ncfg localstack.NATSConfig, pcfg fanout.PlannerConfig) *plannerRig {
 	t.Helper()
 	r := localstacktest.RedisForTest(t)
 	ncfg.Dir = t.TempDir()
@@ -94,9 +96,9 @@ func newPlannerRigOn(t *testing.T, cfg feeds.Config, ncfg localstack.NATSConfig,
 }
 
 // planner is a planner on the rig, its stream made and its position read.
-func (rig *plannerRig) planner(t *testing.T) *feeds.Planner {
+func (rig *plannerRig) planner(t *testing.T) *fanout.Planner {
 	t.Helper()
-	p := feeds.NewPlanner(rig.store, rig.js, rig.pcfg, nil)
+	p := fanout.NewPlanner(rig.store, rig.js, rig.pcfg, nil)
 	require.NoError(t, p.EnsureStream(t.Context()))
 	_, err := p.Checkpoint(t.Context())
 	require.NoError(t, err)
@@ -106,7 +108,7 @@ func (rig *plannerRig) planner(t *testing.T) *feeds.Planner {
 // plannerRun is what planning a log did: the work each recipient was sent,
 // in order, and every key the planner left in Redis.
 type plannerRun struct {
-	work  map[domain.UserID][]feeds.Item
+	work  map[domain.UserID][]inbox.Item
 	state map[string]string
 }
 
@@ -130,15 +132,15 @@ func (rig *plannerRig) runFailing(t *testing.T, batches [][]events.Record, flush
 	t.Helper()
 	ctx := t.Context()
 	require.NoError(t, rig.raw.FlushAll(ctx).Err())
-	p := feeds.NewPlanner(rig.store, rig.js, rig.pcfg, nil)
+	p := fanout.NewPlanner(rig.store, rig.js, rig.pcfg, nil)
 	require.NoError(t, p.EnsureStream(ctx))
-	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	stream, err := rig.js.Stream(ctx, fanout.FanoutStream)
 	require.NoError(t, err)
 	require.NoError(t, stream.Purge(ctx))
 	_, err = p.Checkpoint(ctx)
 	require.NoError(t, err)
 	trips := make([]int64, len(batches))
-	work := map[domain.UserID][]feeds.Item{}
+	work := map[domain.UserID][]inbox.Item{}
 	for i, b := range batches {
 		if flushed[i] {
 			require.NoError(t, rig.raw.ScriptFlush(ctx).Err())
@@ -164,21 +166,21 @@ func (rig *plannerRig) runFailing(t *testing.T, batches [][]events.Record, flush
 
 // work reads back every fan-out message, in the order of the stream, and
 // empties it.
-func (rig *plannerRig) work(t *testing.T) map[domain.UserID][]feeds.Item {
+func (rig *plannerRig) work(t *testing.T) map[domain.UserID][]inbox.Item {
 	t.Helper()
 	ctx := t.Context()
-	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	stream, err := rig.js.Stream(ctx, fanout.FanoutStream)
 	require.NoError(t, err)
 	info, err := stream.Info(ctx)
 	require.NoError(t, err)
-	work := map[domain.UserID][]feeds.Item{}
+	work := map[domain.UserID][]inbox.Item{}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		msg, err := stream.GetMsg(ctx, seq)
 		require.NoError(t, err)
 		rig.bytes += len(msg.Data)
 		rig.biggest = max(rig.biggest, len(msg.Data))
 		rig.msgs++
-		items, err := feeds.DecodeWork(msg.Data)
+		items, err := fanout.DecodeWork(msg.Data)
 		require.NoError(t, err)
 		for _, it := range items {
 			work[it.Recipient] = append(work[it.Recipient], it)
@@ -429,15 +431,15 @@ func TestPlannerKeepsBignessWithinTheMargin(t *testing.T) {
 		// when x became small again (of the posts of its big period and
 		// before), and the push of 800.
 		assert.Equal(t, []string{
-			fmt.Sprintf("%v[]", feeds.OpMerge),
-			fmt.Sprintf("%v[500]", feeds.OpPush),
-			fmt.Sprintf("%v[700 600 500]", feeds.OpMerge),
-			fmt.Sprintf("%v[800]", feeds.OpPush),
+			fmt.Sprintf("%v[]", inbox.OpMerge),
+			fmt.Sprintf("%v[500]", inbox.OpPush),
+			fmt.Sprintf("%v[700 600 500]", inbox.OpMerge),
+			fmt.Sprintf("%v[800]", inbox.OpPush),
 		}, ops, "follower %d", f+1)
 	}
 	// Follower 11 unfollowed and followed while x was big: merged nothing then.
 	for _, it := range got.work[11] {
-		if it.Op == feeds.OpMerge {
+		if it.Op == inbox.OpMerge {
 			assert.Empty(t, it.Posts, "follower 11 merged while x was big: %v", it)
 		}
 	}
@@ -477,7 +479,7 @@ func TestPlannerKeepsMessagesUnderTheServersLimit(t *testing.T) {
 	want, _ := small.run(t, batches, nil)
 	const limit = 4 << 10
 	rig := newPlannerRigOn(t, feeds.Config{BigThreshold: 1000}, localstack.NATSConfig{MaxPayload: limit},
-		feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 100_000})
+		fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 100_000})
 	got, _ := rig.run(t, batches, nil)
 	require.Equal(t, want.work, got.work)
 	require.Equal(t, want.state, got.state)
@@ -534,14 +536,14 @@ func TestPlannerNoticesAFlushBetweenItsRoundTrips(t *testing.T) {
 		{Seq: 1, Event: events.UserFollowed{FollowerID: 1, FolloweeID: x}},
 		{Seq: 2, Event: events.PostCreated{PostID: 500, UserID: x}},
 	}))
-	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	stream, err := rig.js.Stream(ctx, fanout.FanoutStream)
 	require.NoError(t, err)
 	before, err := stream.Info(ctx)
 	require.NoError(t, err)
 
 	p.SetBeforePlan(func() { require.NoError(t, rig.raw.FlushAll(ctx).Err()) })
 	err = p.Apply(ctx, []events.Record{{Seq: 3, Event: events.UserFollowed{FollowerID: 2, FolloweeID: x}}})
-	require.ErrorIs(t, err, feeds.ErrStateLost)
+	require.ErrorIs(t, err, fanout.ErrStateLost)
 	after, err := stream.Info(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, before.State.LastSeq, after.State.LastSeq, "work published from a plan made after the flush")
@@ -559,7 +561,7 @@ func TestAppliersRecordTheDelayOfTheirWork(t *testing.T) {
 		{Seq: 1, Envelope: events.Envelope{OccurredAt: at.Add(time.Second)}, Event: events.UserFollowed{FollowerID: 1, FolloweeID: 100}},
 		{Seq: 2, Envelope: events.Envelope{OccurredAt: at}, Event: events.UserFollowed{FollowerID: 2, FolloweeID: 100}},
 	}))
-	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	stream, err := rig.js.Stream(ctx, fanout.FanoutStream)
 	require.NoError(t, err)
 	info, err := stream.Info(ctx)
 	require.NoError(t, err)
@@ -567,7 +569,7 @@ func TestAppliersRecordTheDelayOfTheirWork(t *testing.T) {
 	require.Positive(t, published)
 
 	reg := prometheus.NewRegistry()
-	runAppliers(t, rig, feeds.NewApplier(rig.store, rig.js, []int{0, 1, 2}, projections.NewMetrics(reg), slog.New(slog.DiscardHandler)))
+	runAppliers(t, rig, fanout.NewApplier(rig.store, rig.js, []int{0, 1, 2}, projections.NewMetrics(reg), slog.New(slog.DiscardHandler)))
 
 	h := appliersDelay(t, reg)
 	assert.Equal(t, published, h.GetSampleCount())
@@ -588,23 +590,23 @@ func TestAppliersApplyWorkInOrderPastAFailure(t *testing.T) {
 	ctx := t.Context()
 	rig.planner(t) // the fan-out stream
 	alice := domain.UserID(7)
-	_, err := rig.store.ApplyItems(ctx, []feeds.Item{{Recipient: alice, Seq: 1, Op: feeds.OpMaterialise, Posts: ids(1)}})
+	_, err := inbox.Apply(ctx, rig.store, []inbox.Item{{Recipient: alice, Seq: 1, Op: inbox.OpMaterialise, Posts: []domain.PostID{1}}})
 	require.NoError(t, err)
-	push := feeds.Item{Recipient: alice, Seq: 10, Op: feeds.OpPush, Posts: ids(50)}
-	remove := feeds.Item{Recipient: alice, Seq: 20, Op: feeds.OpRemove, Posts: ids(1)}
-	for _, it := range []feeds.Item{push, remove} {
-		body, err := feeds.EncodeWork([]feeds.Item{it})
+	push := inbox.Item{Recipient: alice, Seq: 10, Op: inbox.OpPush, Posts: []domain.PostID{50}}
+	remove := inbox.Item{Recipient: alice, Seq: 20, Op: inbox.OpRemove, Posts: []domain.PostID{1}}
+	for _, it := range []inbox.Item{push, remove} {
+		body, err := fanout.EncodeWork([]inbox.Item{it})
 		require.NoError(t, err)
-		msg := nats.NewMsg(fmt.Sprintf("fanout.%d", feeds.Partition(alice, 3)))
+		msg := nats.NewMsg(fmt.Sprintf("fanout.%d", fanout.Partition(alice, 3)))
 		msg.Data = body
 		msg.Header.Set("Feed-From-Seq", strconv.FormatUint(it.Seq, 10))
 		_, err = rig.js.PublishMsg(ctx, msg)
 		require.NoError(t, err)
 	}
 
-	a := feeds.NewApplier(rig.store, rig.js, []int{0, 1, 2}, nil, slog.New(slog.DiscardHandler))
+	a := fanout.NewApplier(rig.store, rig.js, []int{0, 1, 2}, nil, slog.New(slog.DiscardHandler))
 	var pushes atomic.Int32
-	a.SetBeforeApply(func(items []feeds.Item) error {
+	a.SetBeforeApply(func(items []inbox.Item) error {
 		if items[0].Seq != push.Seq || pushes.Add(1) > 1 {
 			return nil
 		}
@@ -614,17 +616,17 @@ func TestAppliersApplyWorkInOrderPastAFailure(t *testing.T) {
 	runAppliers(t, rig, a)
 
 	assert.EqualValues(t, 2, pushes.Load(), "the push failed once and came again")
-	posts, _, _, ok, err := rig.store.Inbox(ctx, alice)
+	posts, _, _, ok, err := inbox.ReadAll(ctx, rig.store, alice)
 	require.NoError(t, err)
 	require.True(t, ok)
-	assert.Equal(t, ids(50), posts, "the push applied before the removal")
+	assert.Equal(t, []domain.PostID{50}, posts, "the push applied before the removal")
 }
 
 // runAppliers runs a until the fan-out stream is empty, and stops it.
-func runAppliers(t *testing.T, rig *plannerRig, a *feeds.Applier) {
+func runAppliers(t *testing.T, rig *plannerRig, a *fanout.Applier) {
 	t.Helper()
 	ctx := t.Context()
-	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	stream, err := rig.js.Stream(ctx, fanout.FanoutStream)
 	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -644,7 +646,7 @@ func appliersDelay(t *testing.T, reg *prometheus.Registry) *dto.Histogram {
 	require.NoError(t, err)
 	for _, f := range families {
 		for _, m := range f.GetMetric() {
-			if f.GetName() == "feed_projector_delay_seconds" && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == feeds.AppliersName {
+			if f.GetName() == "feed_projector_delay_seconds" && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == fanout.AppliersName {
 				return m.GetHistogram()
 			}
 		}
@@ -659,7 +661,7 @@ func appliersDelay(t *testing.T, reg *prometheus.Registry) *dto.Histogram {
 // it, it never waits.
 func TestPlannerWaitsForTheAppliers(t *testing.T) {
 	t.Parallel()
-	rig := newPlannerRigOn(t, feeds.Config{}, localstack.NATSConfig{}, feeds.PlannerConfig{Partitions: 3, ItemsPerMessage: 1, PendingWork: 2})
+	rig := newPlannerRigOn(t, feeds.Config{}, localstack.NATSConfig{}, fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 1, PendingWork: 2})
 	ctx := t.Context()
 	p := rig.planner(t)
 	p.SetAppliersStall(3 * time.Second)
@@ -668,7 +670,7 @@ func TestPlannerWaitsForTheAppliers(t *testing.T) {
 	for f := range domain.UserID(4) {
 		log = append(log, events.Record{Seq: uint64(len(log) + 1), Event: events.UserFollowed{FollowerID: 10 + f, FolloweeID: 100}})
 	}
-	stream, err := rig.js.Stream(ctx, feeds.FanoutStream)
+	stream, err := rig.js.Stream(ctx, fanout.FanoutStream)
 	require.NoError(t, err)
 	pending := func() uint64 {
 		info, err := stream.Info(ctx)
@@ -687,7 +689,7 @@ func TestPlannerWaitsForTheAppliers(t *testing.T) {
 	}
 
 	// When the appliers run, it returns once they have left at most two.
-	a := feeds.NewApplier(rig.store, rig.js, []int{0, 1, 2}, nil, slog.New(slog.DiscardHandler))
+	a := fanout.NewApplier(rig.store, rig.js, []int{0, 1, 2}, nil, slog.New(slog.DiscardHandler))
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	ran := make(chan error, 1)

@@ -1,4 +1,4 @@
-package feeds_test
+package homefeed_test
 
 import (
 	"context"
@@ -12,22 +12,24 @@ import (
 
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/homefeed"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 // newPageCache returns a store over a Redis of its own, a page cache of it
 // that follows the invalidations (entries never expire by age, so only
 // invalidations can make it see a change), and a raw client.
-func newPageCache(t *testing.T, cfg feeds.Config) (*feeds.Store, *feeds.PageCache, *redis.Client) {
+func newPageCache(t *testing.T, cfg feeds.Config) (*feeds.Store, *homefeed.PageCache, *redis.Client) {
 	t.Helper()
 	s, rdb := newStore(t, cfg)
-	c := feeds.NewPageCache(feeds.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, feeds.PageCacheConfig{MaxAge: time.Hour}, nil, slog.New(slog.DiscardHandler))
+	c := homefeed.NewPageCache(homefeed.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, homefeed.PageCacheConfig{MaxAge: time.Hour}, nil, slog.New(slog.DiscardHandler))
 	follow(t, c)
 	return s, c, rdb
 }
 
 // follow runs c until the test ends, and waits until it follows the
 // invalidations.
-func follow(t *testing.T, c *feeds.PageCache) {
+func follow(t *testing.T, c *homefeed.PageCache) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -40,7 +42,7 @@ func follow(t *testing.T, c *feeds.PageCache) {
 }
 
 // cachedPage is alice's first page through the cache.
-func cachedPage(t *testing.T, c *feeds.PageCache) feeds.Page {
+func cachedPage(t *testing.T, c *homefeed.PageCache) inbox.Page {
 	t.Helper()
 	page, err := c.Page(t.Context(), alice, 0, 10, 0)
 	require.NoError(t, err)
@@ -55,12 +57,12 @@ func TestPageCacheSeesEveryChange(t *testing.T) {
 	s, c, rdb := newPageCache(t, feeds.Config{InboxCap: 5, TTL: time.Hour})
 	ctx := t.Context()
 	const carol domain.UserID = 3
-	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
+	_, err := inbox.Apply(ctx, s, []inbox.Item{materialise(1, 0, 10, 20)})
 	require.NoError(t, err)
 	require.NoError(t, s.AddToOutbox(ctx, carol, 25))
 	require.NoError(t, rdb.PExpire(ctx, "feed:v1:{1}:iy", 5*time.Second).Err())
 
-	want := feeds.Page{Materialised: true, Posts: ids(20, 10)}
+	want := inbox.Page{Materialised: true, Posts: ids(20, 10)}
 	assert.Equal(t, want, cachedPage(t, c))
 	assert.Equal(t, want, cachedPage(t, c))
 	assert.Equal(t, 1, c.Lookups("miss"))
@@ -71,7 +73,7 @@ func TestPageCacheSeesEveryChange(t *testing.T) {
 
 	// seen checks that once the cache is in sync it serves want, and then
 	// from memory.
-	seen := func(what string, want feeds.Page) {
+	seen := func(what string, want inbox.Page) {
 		t.Helper()
 		require.NoError(t, c.Sync(ctx))
 		require.Equal(t, want, cachedPage(t, c), "after %s", what)
@@ -79,16 +81,16 @@ func TestPageCacheSeesEveryChange(t *testing.T) {
 		assert.Equal(t, want, cachedPage(t, c))
 		assert.Equal(t, hits+1, c.Lookups("hit"), "after %s the page is kept again", what)
 	}
-	_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 30)})
+	_, err = inbox.Apply(ctx, s, []inbox.Item{push(2, 30)})
 	require.NoError(t, err)
-	seen("a push into the inbox", feeds.Page{Materialised: true, Posts: ids(30, 20, 10)})
+	seen("a push into the inbox", inbox.Page{Materialised: true, Posts: ids(30, 20, 10)})
 
 	require.NoError(t, s.SetBig(ctx, carol, true))
-	seen("a new big account alice does not follow", feeds.Page{Materialised: true, Posts: ids(30, 20, 10)})
+	seen("a new big account alice does not follow", inbox.Page{Materialised: true, Posts: ids(30, 20, 10)})
 	require.NoError(t, s.Follow(ctx, alice, carol))
-	seen("alice following a big account", feeds.Page{Materialised: true, Posts: ids(30, 25, 20, 10)})
+	seen("alice following a big account", inbox.Page{Materialised: true, Posts: ids(30, 25, 20, 10)})
 	require.NoError(t, s.AddToOutbox(ctx, carol, 40))
-	seen("a post of the big account", feeds.Page{Materialised: true, Posts: ids(40, 30, 25, 20, 10)})
+	seen("a post of the big account", inbox.Page{Materialised: true, Posts: ids(40, 30, 25, 20, 10)})
 
 	// A read that must see a log position is always made in Redis.
 	misses := c.Lookups("miss")
@@ -101,15 +103,15 @@ func TestPageCacheSeesEveryChange(t *testing.T) {
 	// A flush leaves no inbox, and a page without one is not kept.
 	require.NoError(t, rdb.FlushAll(ctx).Err())
 	require.NoError(t, c.Sync(ctx))
-	assert.Equal(t, feeds.Page{}, cachedPage(t, c))
+	assert.Equal(t, inbox.Page{}, cachedPage(t, c))
 }
 
 // newSegmentedPageCache is a page cache over alice's inbox of segments
 // {10 .. 50} and {60}: the head has room for three.
-func newSegmentedPageCache(t *testing.T) (*feeds.Store, *feeds.PageCache, *redis.Client) {
+func newSegmentedPageCache(t *testing.T) (*feeds.Store, *homefeed.PageCache, *redis.Client) {
 	t.Helper()
 	s, c, rdb := newPageCache(t, feeds.Config{InboxCap: 8, SegmentSize: 5, TTL: time.Hour})
-	_, err := s.ApplyItems(t.Context(), []feeds.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
+	_, err := inbox.Apply(t.Context(), s, []inbox.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
 	require.NoError(t, err)
 	return s, c, rdb
 }
@@ -124,7 +126,7 @@ func TestPageCacheSeesPushesIntoSegments(t *testing.T) {
 	t.Parallel()
 	s, c, rdb := newSegmentedPageCache(t)
 	ctx := t.Context()
-	keys, err := s.InboxKeys(ctx, alice)
+	keys, err := inbox.Keys(ctx, s, alice)
 	require.NoError(t, err)
 	require.Len(t, keys, 3, "a meta and two segments")
 	heads, err := rdb.ZCard(ctx, keys[1]).Result()
@@ -142,25 +144,25 @@ func TestPageCacheSeesPushesIntoSegments(t *testing.T) {
 		assert.Greater(t, c.Lookups("hit"), hits, "%s: the page is kept", what)
 	}
 	kept("materialised", ids(60, 50, 40, 30, 20, 10))
-	_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 70)})
+	_, err = inbox.Apply(ctx, s, []inbox.Item{push(2, 70)})
 	require.NoError(t, err)
 	kept("after a lone push into the head", ids(70, 60, 50, 40, 30, 20, 10))
 
-	_, err = s.ApplyItems(ctx, []feeds.Item{push(3, 80), push(4, 90)})
+	_, err = inbox.Apply(ctx, s, []inbox.Item{push(3, 80), push(4, 90)})
 	require.NoError(t, err)
 	kept("after a run into the head", ids(90, 80, 70, 60, 50, 40, 30, 20, 10))
-	keys, err = s.InboxKeys(ctx, alice)
+	keys, err = inbox.Keys(ctx, s, alice)
 	require.NoError(t, err)
 	assert.Len(t, keys, 3, "both went into the head")
 
 	// A new head: the page read with the old one declared is not kept.
-	_, err = s.ApplyItems(ctx, []feeds.Item{push(5, 100), push(6, 110)})
+	_, err = inbox.Apply(ctx, s, []inbox.Item{push(5, 100), push(6, 110)})
 	require.NoError(t, err)
-	keys, err = s.InboxKeys(ctx, alice)
+	keys, err = inbox.Keys(ctx, s, alice)
 	require.NoError(t, err)
 	require.Len(t, keys, 4, "a new head")
 	kept("after a push into a new head", ids(110, 100, 90, 80, 70, 60, 50, 40, 30, 20))
-	_, err = s.ApplyItems(ctx, []feeds.Item{push(7, 120)})
+	_, err = inbox.Apply(ctx, s, []inbox.Item{push(7, 120)})
 	require.NoError(t, err)
 	kept("after a push into that head", ids(120, 110, 100, 90, 80, 70, 60, 50, 40, 30))
 }
@@ -168,7 +170,7 @@ func TestPageCacheSeesPushesIntoSegments(t *testing.T) {
 // overtakeOnce makes the cache's next fill of a page wait until item has
 // been applied and its invalidation heard: a change overtaking a read. The
 // result reports whether it happened.
-func overtakeOnce(t *testing.T, s *feeds.Store, c *feeds.PageCache, item feeds.Item) *bool {
+func overtakeOnce(t *testing.T, s *feeds.Store, c *homefeed.PageCache, item inbox.Item) *bool {
 	t.Helper()
 	overtaken := new(bool)
 	c.SetBeforeFill(func() {
@@ -177,7 +179,7 @@ func overtakeOnce(t *testing.T, s *feeds.Store, c *feeds.PageCache, item feeds.I
 		}
 		*overtaken = true
 		heard := c.Invalidations()
-		_, err := s.ApplyItems(context.Background(), []feeds.Item{item})
+		_, err := inbox.Apply(context.Background(), s, []inbox.Item{item})
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return c.Invalidations() > heard }, 2*time.Second, time.Millisecond,
 			"the change is heard by the read it overtook")
@@ -192,7 +194,7 @@ func TestPageCacheDoesNotKeepAReadOvertakenByAChange(t *testing.T) {
 	t.Parallel()
 	s, c, _ := newPageCache(t, feeds.Config{InboxCap: 5, TTL: time.Hour})
 	ctx := t.Context()
-	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
+	_, err := inbox.Apply(ctx, s, []inbox.Item{materialise(1, 0, 10, 20)})
 	require.NoError(t, err)
 
 	overtakeOnce(t, s, c, push(2, 30))
@@ -225,7 +227,7 @@ func TestPageCacheAfterItsSubscriberIsKilled(t *testing.T) {
 	t.Parallel()
 	s, c, rdb := newPageCache(t, feeds.Config{InboxCap: 5, TTL: time.Hour})
 	ctx := t.Context()
-	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10)})
+	_, err := inbox.Apply(ctx, s, []inbox.Item{materialise(1, 0, 10)})
 	require.NoError(t, err)
 	kill := func() {
 		t.Helper()
@@ -236,7 +238,7 @@ func TestPageCacheAfterItsSubscriberIsKilled(t *testing.T) {
 
 	assert.Equal(t, ids(10), cachedPage(t, c).Posts)
 	kill()
-	_, err = s.ApplyItems(ctx, []feeds.Item{push(2, 20)})
+	_, err = inbox.Apply(ctx, s, []inbox.Item{push(2, 20)})
 	require.NoError(t, err)
 	assert.Equal(t, ids(20, 10), cachedPage(t, c).Posts, "a page cached before the loss")
 
@@ -245,7 +247,7 @@ func TestPageCacheAfterItsSubscriberIsKilled(t *testing.T) {
 	hits := c.Lookups("hit")
 	assert.Equal(t, ids(20, 10), cachedPage(t, c).Posts)
 	require.Equal(t, hits+1, c.Lookups("hit"))
-	_, err = s.ApplyItems(ctx, []feeds.Item{push(3, 30)})
+	_, err = inbox.Apply(ctx, s, []inbox.Item{push(3, 30)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		return assert.ObjectsAreEqual(ids(30, 20, 10), cachedPage(t, c).Posts)
@@ -262,15 +264,15 @@ func TestPageCacheOverARingReadsThroughTheReader(t *testing.T) {
 	t.Cleanup(func() { _ = ring.Close() })
 	s := feeds.NewStore(ring, feeds.Config{InboxCap: 5, TTL: time.Hour})
 	ctx := t.Context()
-	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20)})
+	_, err := inbox.Apply(ctx, s, []inbox.Item{materialise(1, 0, 10, 20)})
 	require.NoError(t, err)
-	c := feeds.NewPageCache(feeds.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, feeds.PageCacheConfig{}, nil, slog.New(slog.DiscardHandler))
+	c := homefeed.NewPageCache(homefeed.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, homefeed.PageCacheConfig{}, nil, slog.New(slog.DiscardHandler))
 	follow(t, c)
 
 	for range 2 {
 		page, err := c.Page(ctx, alice, 0, 10, 0)
 		require.NoError(t, err)
-		assert.Equal(t, feeds.Page{Materialised: true, Posts: ids(20, 10)}, page)
+		assert.Equal(t, inbox.Page{Materialised: true, Posts: ids(20, 10)}, page)
 	}
 	assert.Zero(t, c.Lookups("hit")+c.Lookups("miss"), "nothing is looked up in memory")
 }
@@ -281,10 +283,10 @@ func TestPageCacheDropsExpiredPages(t *testing.T) {
 	t.Parallel()
 	s, rdb := newStore(t, feeds.Config{InboxCap: 50, TTL: time.Hour})
 	const maxAge = 200 * time.Millisecond
-	c := feeds.NewPageCache(feeds.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, feeds.PageCacheConfig{MaxAge: maxAge}, nil, slog.New(slog.DiscardHandler))
+	c := homefeed.NewPageCache(homefeed.NewReader(s, nil), &redis.Options{Addr: rdb.Options().Addr}, homefeed.PageCacheConfig{MaxAge: maxAge}, nil, slog.New(slog.DiscardHandler))
 	follow(t, c)
 	ctx := t.Context()
-	_, err := s.ApplyItems(ctx, []feeds.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
+	_, err := inbox.Apply(ctx, s, []inbox.Item{materialise(1, 0, 10, 20, 30, 40, 50, 60)})
 	require.NoError(t, err)
 	page := func(before int64) {
 		t.Helper()

@@ -3,7 +3,7 @@
 --
 -- A function library (FUNCTION LOAD), not a script (EVAL): Redis runs a
 -- library's code once, when it loads it, and a call runs only the function
--- it registers, NAME (scripts.go gives the library's name and NAME, both
+-- it registers, NAME (feeds.NewFunction gives the library's name and NAME, both
 -- named by a hash of this code). Everything this file defines is made once,
 -- not per call: as a script, making its constants, tables and some 30
 -- closures cost Redis more instructions a call than a lone push's commands.
@@ -755,7 +755,7 @@ end
 local function run(at)
   -- Its posts are ZADD's arguments as sent (ARGV[pa .. last]); its
   -- lowest tells where it goes, and its first seq whether it was applied
-  -- before (its seqs rise: stAppendList), as a lone push's count does (see
+  -- before (its seqs rise: appendList), as a lone push's count does (see
   -- there): 0, into the head of a segmented inbox (or there is none);
   -- anything else the general way. The count's bounds are sent as ZCOUNT
   -- takes them, the first push's "s" score and -(lowest+1) after "(".

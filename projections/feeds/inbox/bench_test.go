@@ -1,4 +1,4 @@
-package feeds_test
+package inbox_test
 
 import (
 	"cmp"
@@ -19,12 +19,14 @@ import (
 	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 const (
-	// benchChunk is how many items the planner put in one fan-out message
-	// (PlannerConfig.ItemsPerMessage's default until session 25; kept so that
-	// the figures compare), so how many one ApplyItems call of an applier gets.
+	// benchChunk is how many items one inbox.Apply call of an applier gets:
+	// an earlier default of PlannerConfig.ItemsPerMessage, kept so that the
+	// figures compare.
 	benchChunk = 2000
 	// setupChunk is how many inboxes one setup call materialises: each takes
 	// some 3.7 ms of Redis when full, and a pipeline must finish within the
@@ -92,13 +94,13 @@ func (p *benchPosts) take(n int) []domain.PostID {
 // applyChunks applies each partition's chunks the way the appliers do: one
 // goroutine per partition, one chunk (message) at a time. It returns the
 // items applied.
-func applyChunks(ctx context.Context, store *feeds.Store, parts [][][]feeds.Item) (int64, error) {
+func applyChunks(ctx context.Context, store *feeds.Store, parts [][][]inbox.Item) (int64, error) {
 	var applied atomic.Int64
 	var g errgroup.Group
 	for _, chunks := range parts {
 		g.Go(func() error {
 			for _, c := range chunks {
-				n, err := store.ApplyItems(ctx, c)
+				n, err := inbox.Apply(ctx, store, c)
 				if err != nil {
 					return err
 				}
@@ -116,7 +118,7 @@ func applyChunks(ctx context.Context, store *feeds.Store, parts [][][]feeds.Item
 func byPartition[T any](work []T, recipient func(T) domain.UserID, partitions, chunk int) [][][]T {
 	parts := make([][]T, partitions)
 	for _, w := range work {
-		p := feeds.Partition(recipient(w), partitions)
+		p := fanout.Partition(recipient(w), partitions)
 		parts[p] = append(parts[p], w)
 	}
 	out := make([][][]T, partitions)
@@ -126,7 +128,7 @@ func byPartition[T any](work []T, recipient func(T) domain.UserID, partitions, c
 	return out
 }
 
-func itemRecipient(it feeds.Item) domain.UserID { return it.Recipient }
+func itemRecipient(it inbox.Item) domain.UserID { return it.Recipient }
 
 func self(u domain.UserID) domain.UserID { return u }
 
@@ -161,7 +163,7 @@ func rawZAdd(ctx context.Context, rdb *redis.Client, parts [][][]domain.UserID, 
 }
 
 // BenchmarkFanout measures, in one run on one Redis, the inbox entries per
-// second the appliers write with Store.ApplyItems while fanning out a post of
+// second the appliers write with inbox.Apply while fanning out a post of
 // an author with 10, 1 000 and 50 000 followers, every follower's inbox
 // materialised (20 posts; and, for 1 000 followers, full at 500 so every push
 // also trims), the work split and chunked as the planner does (2 000 items a
@@ -181,7 +183,7 @@ func rawZAdd(ctx context.Context, rdb *redis.Client, parts [][][]domain.UserID, 
 // big account whose posts are not pushed; the row shows what the appliers
 // could do if they were.)
 //
-//	go test -run '^$' -bench BenchmarkFanout -benchtime 1x ./projections/feeds
+//	go test -run '^$' -bench BenchmarkFanout -benchtime 1x ./projections/feeds/inbox
 func BenchmarkFanout(b *testing.B) {
 	rdb := benchRedis(b)
 	store := feeds.NewStore(rdb, feeds.Config{})
@@ -238,7 +240,7 @@ func BenchmarkFanout(b *testing.B) {
 // recipient under load (its planner's batches of some 30 events), so a run's
 // fixed cost weighs most in the burst of two.
 //
-//	go test -run '^$' -bench BenchmarkFanoutBurst -benchtime 1x ./projections/feeds
+//	go test -run '^$' -bench BenchmarkFanoutBurst -benchtime 1x ./projections/feeds/inbox
 func BenchmarkFanoutBurst(b *testing.B) {
 	const (
 		followersN = 1000
@@ -266,20 +268,20 @@ func BenchmarkFanoutBurst(b *testing.B) {
 				var raws, applies []rate
 				var ratios []float64
 				for pair := range benchPairs {
-					var work [][][][]feeds.Item
+					var work [][][][]inbox.Item
 					var raw [][][][]entry
 					for range bursts {
-						var items []feeds.Item
+						var items []inbox.Item
 						var entries []entry
 						for range burst {
 							seq++
 							p := posts.next()
 							for _, f := range followers {
-								items = append(items, feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpPush, Posts: []domain.PostID{p}})
+								items = append(items, inbox.Item{Recipient: f, Seq: seq, Op: inbox.OpPush, Posts: []domain.PostID{p}})
 								entries = append(entries, entry{f, p})
 							}
 						}
-						slices.SortStableFunc(items, func(a, b feeds.Item) int { return cmp.Compare(a.Recipient, b.Recipient) })
+						slices.SortStableFunc(items, func(a, b inbox.Item) int { return cmp.Compare(a.Recipient, b.Recipient) })
 						slices.SortStableFunc(entries, func(a, b entry) int { return cmp.Compare(a.user, b.user) })
 						work = append(work, byPartition(items, itemRecipient, partitions, benchChunk))
 						raw = append(raw, byPartition(entries, func(e entry) domain.UserID { return e.user }, partitions, benchChunk))
@@ -341,14 +343,14 @@ func fanoutPair(b *testing.B, rdb *redis.Client, store *feeds.Store, posts *benc
 	n := rounds * len(audiences)
 	post := make([]domain.PostID, n)
 	keys := make([][][][]domain.UserID, n)
-	work := make([][][][]feeds.Item, n)
+	work := make([][][][]inbox.Item, n)
 	for r := range n {
 		followers := audiences[r%len(audiences)]
 		*seq++
 		post[r] = posts.next()
-		items := make([]feeds.Item, len(followers))
+		items := make([]inbox.Item, len(followers))
 		for i, f := range followers {
-			items[i] = feeds.Item{Recipient: f, Seq: *seq, Op: feeds.OpPush, Posts: []domain.PostID{post[r]}}
+			items[i] = inbox.Item{Recipient: f, Seq: *seq, Op: inbox.OpPush, Posts: []domain.PostID{post[r]}}
 		}
 		work[r] = byPartition(items, itemRecipient, partitions, benchChunk)
 		keys[r] = byPartition(followers, self, partitions, benchChunk)
@@ -398,7 +400,7 @@ func reportFanout(b *testing.B, raws, applies []rate, ratios []float64) (raw, ap
 
 // applyAll applies each fan-out's work in turn, as the appliers do, and fails
 // unless each applied want items: every follower's inbox must take the posts.
-func applyAll(ctx context.Context, store *feeds.Store, work [][][][]feeds.Item, want int64) error {
+func applyAll(ctx context.Context, store *feeds.Store, work [][][][]inbox.Item, want int64) error {
 	for _, w := range work {
 		applied, err := applyChunks(ctx, store, w)
 		if err != nil {
@@ -476,7 +478,7 @@ func redisCPU(b *testing.B, rdb *redis.Client) float64 {
 }
 
 // setupFollowers materialises each follower's inbox with posts through
-// ApplyItems and gives each a raw key holding the same members. One partition
+// inbox.Apply and gives each a raw key holding the same members. One partition
 // does it: a message materialising 200 full inboxes takes about a second (some
 // 3.7 ms of Redis per inbox), and four at once outlast go-redis's 3 s read
 // timeout, whose silent retry of the pipeline finds the inboxes made and
@@ -484,9 +486,9 @@ func redisCPU(b *testing.B, rdb *redis.Client) float64 {
 func setupFollowers(b *testing.B, rdb *redis.Client, store *feeds.Store, followers []domain.UserID, posts []domain.PostID, seq uint64) {
 	b.Helper()
 	ctx := context.Background()
-	items := make([]feeds.Item, len(followers))
+	items := make([]inbox.Item, len(followers))
 	for i, f := range followers {
-		items[i] = feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpMaterialise, Posts: posts}
+		items[i] = inbox.Item{Recipient: f, Seq: seq, Op: inbox.OpMaterialise, Posts: posts}
 	}
 	applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1, setupChunk))
 	if err != nil {
@@ -510,11 +512,11 @@ func fillPastCap(b *testing.B, rdb *redis.Client, store *feeds.Store, followers 
 	ctx := context.Background()
 	size := min(store.Config().SegmentSize, store.Config().InboxCap)
 	rng := rand.New(rand.NewPCG(uint64(len(followers)), uint64(followers[0])))
-	var items []feeds.Item
+	var items []inbox.Item
 	for _, f := range followers {
 		fill := posts.take(rng.IntN(size))
 		for j, p := range fill {
-			items = append(items, feeds.Item{Recipient: f, Seq: *seq + uint64(j) + 1, Op: feeds.OpPush, Posts: []domain.PostID{p}})
+			items = append(items, inbox.Item{Recipient: f, Seq: *seq + uint64(j) + 1, Op: inbox.OpPush, Posts: []domain.PostID{p}})
 		}
 	}
 	*seq += uint64(size)
@@ -554,10 +556,10 @@ func setupRaw(b *testing.B, rdb *redis.Client, followers []domain.UserID, posts 
 
 // BenchmarkInboxMemory measures, on one Redis configured as in production, the
 // memory an inbox entry takes: 1 000 inboxes of 500 posts are materialised
-// through ApplyItems, and the growth of INFO's used_memory per post is printed
+// through inbox.Apply, and the growth of INFO's used_memory per post is printed
 // next to one inbox's MEMORY USAGE per post (target <= 24 bytes).
 //
-//	go test -run '^$' -bench BenchmarkInboxMemory -benchtime 1x ./projections/feeds
+//	go test -run '^$' -bench BenchmarkInboxMemory -benchtime 1x ./projections/feeds/inbox
 func BenchmarkInboxMemory(b *testing.B) {
 	const inboxes = 1000
 	ctx := context.Background()
@@ -569,11 +571,11 @@ func BenchmarkInboxMemory(b *testing.B) {
 		// Each iteration its own users and posts, so each adds a full set.
 		all := posts.take(size * 4)
 		before := usedMemory(b, rdb)
-		items := make([]feeds.Item, inboxes)
+		items := make([]inbox.Item, inboxes)
 		for i := range items {
 			// Followees' posts overlap from inbox to inbox, as they do.
 			start := (i * 7) % (len(all) - size)
-			items[i] = feeds.Item{Recipient: domain.UserID(round*inboxes + i + 1), Seq: 1, Op: feeds.OpMaterialise, Posts: all[start : start+size]}
+			items[i] = inbox.Item{Recipient: domain.UserID(round*inboxes + i + 1), Seq: 1, Op: inbox.OpMaterialise, Posts: all[start : start+size]}
 		}
 		applied, err := applyChunks(ctx, store, byPartition(items, itemRecipient, 1, setupChunk))
 		if err != nil {
@@ -584,7 +586,7 @@ func BenchmarkInboxMemory(b *testing.B) {
 		}
 		after := usedMemory(b, rdb)
 		// One inbox is its meta and its segments.
-		keys, err := store.InboxKeys(ctx, domain.UserID(round*inboxes+1))
+		keys, err := inbox.Keys(ctx, store, domain.UserID(round*inboxes+1))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package feeds
+package repair
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,19 +19,15 @@ import (
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections"
-)
-
-// Keys of a rebuild (outside every keyspace version).
-const (
-	rebuildKey     = "feed:rebuild"
-	rebuildLockKey = "feed:rebuild:lock"
+	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
 )
 
 // RebuildConfig tunes a feeds rebuild; the zero value works.
 type RebuildConfig struct {
 	// Planner is the live planner's configuration (partitions, work message
 	// size); the rebuild plans the same way into its own keyspace and stream.
-	Planner PlannerConfig
+	Planner fanout.PlannerConfig
 	// Fresh discards the shadow an interrupted rebuild left instead of
 	// resuming it.
 	Fresh bool
@@ -58,11 +53,10 @@ func (c RebuildConfig) withDefaults() RebuildConfig {
 // Rebuild is the feeds being rebuilt in the next keyspace version beside the
 // one in use (a projections.Shadow): its own planner, on its own fan-out
 // stream with its own appliers. The switch sets feed:version, which the live
-// planner, appliers and readers follow (see Planner.verifyLocked,
-// Applier.storeFor, Reader.store).
+// planner, appliers and readers follow.
 type Rebuild struct {
-	*Planner
-	base     *Store
+	*fanout.Planner
+	base     *feeds.Store
 	js       jetstream.JetStream
 	cfg      RebuildConfig
 	logger   *slog.Logger
@@ -78,7 +72,7 @@ type Rebuild struct {
 // OpenRebuild takes the rebuild lock and opens the shadow keyspace: the one
 // an interrupted rebuild left, to resume, or the next version. It finishes the
 // cleanup of a rebuild that switched but died before removing the old version.
-func OpenRebuild(ctx context.Context, store *Store, js jetstream.JetStream, cfg RebuildConfig, logger *slog.Logger) (_ *Rebuild, err error) {
+func OpenRebuild(ctx context.Context, store *feeds.Store, js jetstream.JetStream, cfg RebuildConfig, logger *slog.Logger) (_ *Rebuild, err error) {
 	cfg = cfg.withDefaults()
 	r := &Rebuild{base: store, js: js, cfg: cfg, logger: logger.With("component", "feeds-rebuild")}
 	if err := r.lock(ctx); err != nil {
@@ -95,18 +89,11 @@ func OpenRebuild(ctx context.Context, store *Store, js jetstream.JetStream, cfg 
 	if err := r.open(ctx, cfg.Fresh); err != nil {
 		return nil, err
 	}
-	pcfg := cfg.Planner
-	pcfg.version, pcfg.fanout = r.version, shadowFanout(r.version)
-	r.Planner = NewPlanner(store, js, pcfg, nil)
+	r.Planner = fanout.NewShadowPlanner(store, js, cfg.Planner, r.version)
 	if err := r.EnsureStream(ctx); err != nil {
 		return nil, err
 	}
-	parts := make([]int, r.Planner.cfg.Partitions)
-	for i := range parts {
-		parts[i] = i
-	}
-	appliers := NewApplier(store, js, parts, nil, logger)
-	appliers.fanout, appliers.pinned = pcfg.fanout, r.version
+	appliers := fanout.NewShadowApplier(store, js, r.Planner, logger)
 	r.wg.Go(func() {
 		if err := appliers.Run(bg); err != nil {
 			r.logger.Error("rebuild appliers stopped", "err", err)
@@ -123,13 +110,13 @@ func (r *Rebuild) lock(ctx context.Context) error {
 	nonce := make([]byte, 6)
 	_, _ = rand.Read(nonce)
 	r.token = fmt.Sprintf("%s pid %d since %s (%s)", host, os.Getpid(), time.Now().UTC().Format(time.RFC3339), hex.EncodeToString(nonce))
-	ok, err := r.base.rdb.SetNX(ctx, rebuildLockKey, r.token, r.cfg.Lease).Result()
+	ok, err := r.base.Client().SetNX(ctx, feeds.RebuildLockKey, r.token, r.cfg.Lease).Result()
 	if err != nil {
-		return stFail("rebuild lock", err)
+		return feeds.Fail("rebuild lock", err)
 	}
 	if !ok {
-		holder, _ := r.base.rdb.Get(ctx, rebuildLockKey).Result()
-		return fmt.Errorf("%s: held by %s: %w", PlannerName, holder, projections.ErrRebuildRunning)
+		holder, _ := r.base.Client().Get(ctx, feeds.RebuildLockKey).Result()
+		return fmt.Errorf("%s: held by %s: %w", fanout.PlannerName, holder, projections.ErrRebuildRunning)
 	}
 	return nil
 }
@@ -157,7 +144,7 @@ func (r *Rebuild) keepLease(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		n, err := renewLease.Run(ctx, r.base.rdb, []string{rebuildLockKey}, r.token, r.cfg.Lease.Milliseconds()).Int()
+		n, err := renewLease.Run(ctx, r.base.Client(), []string{feeds.RebuildLockKey}, r.token, r.cfg.Lease.Milliseconds()).Int()
 		if err == nil && n == 0 {
 			r.lost.Store(true)
 			r.logger.Error("the rebuild lock was lost; stopping")
@@ -172,9 +159,9 @@ func (r *Rebuild) open(ctx context.Context, fresh bool) error {
 	if err != nil {
 		return err
 	}
-	st, err := r.base.rdb.HGetAll(ctx, rebuildKey).Result()
+	st, err := r.base.Client().HGetAll(ctx, feeds.RebuildKey).Result()
 	if err != nil {
-		return stFail("rebuild state", err)
+		return feeds.Fail("rebuild state", err)
 	}
 	prev, _ := strconv.ParseInt(st["version"], 10, 64)
 	prevOld, _ := strconv.ParseInt(st["old"], 10, 64)
@@ -196,8 +183,8 @@ func (r *Rebuild) open(ctx context.Context, fresh bool) error {
 		}
 	}
 	r.version, r.old = active+1, active
-	if err := r.base.rdb.HSet(ctx, rebuildKey, "version", r.version, "old", r.old).Err(); err != nil {
-		return stFail("rebuild state", err)
+	if err := r.base.Client().HSet(ctx, feeds.RebuildKey, "version", r.version, "old", r.old).Err(); err != nil {
+		return feeds.Fail("rebuild state", err)
 	}
 	return nil
 }
@@ -205,35 +192,35 @@ func (r *Rebuild) open(ctx context.Context, fresh bool) error {
 // drop removes keyspace version v, the fan-out stream of the rebuild that
 // built version stream, and the rebuild's state.
 func (r *Rebuild) drop(ctx context.Context, v, stream int64) error {
-	if err := r.base.deleteVersion(ctx, v); err != nil {
+	if err := deleteVersion(ctx, r.base, v); err != nil {
 		return err
 	}
-	err := r.js.DeleteStream(ctx, shadowFanout(stream).Stream)
+	err := r.js.DeleteStream(ctx, fanout.ShadowFanout(stream).Stream)
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("delete the rebuild's fan-out stream: %w", err)
 	}
-	if err := r.base.rdb.Del(ctx, rebuildKey).Err(); err != nil {
-		return stFail("rebuild state", err)
+	if err := r.base.Client().Del(ctx, feeds.RebuildKey).Err(); err != nil {
+		return feeds.Fail("rebuild state", err)
 	}
 	return nil
 }
 
 // deleteVersion removes every key of keyspace version v.
-func (s *Store) deleteVersion(ctx context.Context, v int64) error {
-	iter := s.rdb.Scan(ctx, 0, KeyPrefix(v)+"*", 1000).Iterator()
+func deleteVersion(ctx context.Context, s *feeds.Store, v int64) error {
+	iter := s.Client().Scan(ctx, 0, feeds.KeyPrefix(v)+"*", 1000).Iterator()
 	keys := make([]string, 0, 1000)
 	flush := func() error {
 		if len(keys) == 0 {
 			return nil
 		}
 		// One UNLINK per key: in a Redis Cluster they live in other slots.
-		pipe := s.rdb.Pipeline()
+		pipe := s.Client().Pipeline()
 		for _, k := range keys {
 			pipe.Unlink(ctx, k)
 		}
 		keys = keys[:0]
 		if _, err := pipe.Exec(ctx); err != nil {
-			return stFail(fmt.Sprintf("delete keyspace version %d", v), err)
+			return feeds.Fail(fmt.Sprintf("delete keyspace version %d", v), err)
 		}
 		return nil
 	}
@@ -246,7 +233,7 @@ func (s *Store) deleteVersion(ctx context.Context, v int64) error {
 		}
 	}
 	if err := iter.Err(); err != nil {
-		return stFail(fmt.Sprintf("scan keyspace version %d", v), err)
+		return feeds.Fail(fmt.Sprintf("scan keyspace version %d", v), err)
 	}
 	return flush()
 }
@@ -269,7 +256,7 @@ func (r *Rebuild) Switch(ctx context.Context, catchUp func(context.Context, uint
 	if err := r.materialiseLive(ctx); err != nil {
 		return err
 	}
-	live, err := r.base.At(r.old).PlannerPosition(ctx)
+	live, err := fanout.PlannerPosition(ctx, r.base.At(r.old))
 	if err != nil {
 		return err
 	}
@@ -279,9 +266,9 @@ func (r *Rebuild) Switch(ctx context.Context, catchUp func(context.Context, uint
 	if err := r.drain(ctx); err != nil {
 		return err
 	}
-	ok, err := switchVersion.Run(ctx, r.base.rdb, []string{VersionKey}, r.old, r.version).Int()
+	ok, err := switchVersion.Run(ctx, r.base.Client(), []string{feeds.VersionKey}, r.old, r.version).Int()
 	if err != nil {
-		return stFail("switch keyspace version", err)
+		return feeds.Fail("switch keyspace version", err)
 	}
 	if ok != 1 {
 		return fmt.Errorf("feed:version is no longer %d: %w", r.old, domain.ErrConflict)
@@ -303,23 +290,18 @@ return 1`)
 func (r *Rebuild) materialiseLive(ctx context.Context) error {
 	live := r.base.At(r.old)
 	shadow := r.base.At(r.version)
-	iter := live.rdb.Scan(ctx, 0, live.prefix+"{*}:"+stInboxSuffix, 1000).Iterator()
-	var users []any
+	iter := live.Client().Scan(ctx, 0, live.Keys().InboxPattern(), 1000).Iterator()
+	var users []domain.UserID
 	for iter.Next(ctx) {
-		tag := strings.TrimSuffix(strings.TrimPrefix(iter.Val(), live.prefix+"{"), "}:"+stInboxSuffix)
-		if u, err := domain.ParseUserID(tag); err == nil {
-			users = append(users, int64(u))
+		if u, ok := live.Keys().InboxUser(iter.Val()); ok {
+			users = append(users, u)
 		}
 	}
 	if err := iter.Err(); err != nil {
-		return stFail("list the materialised inboxes", err)
+		return feeds.Fail("list the materialised inboxes", err)
 	}
-	for len(users) > 0 {
-		n := min(len(users), 1000)
-		if err := shadow.rdb.LPush(ctx, shadow.key(stWarmKey), users[:n]...).Err(); err != nil {
-			return stFail("request the inboxes", err)
-		}
-		users = users[n:]
+	if err := shadow.RequestMaterialiseAll(ctx, users); err != nil {
+		return err
 	}
 	for {
 		n, err := r.Materialise(ctx, 1000)
@@ -334,7 +316,7 @@ func (r *Rebuild) materialiseLive(ctx context.Context) error {
 
 // drain waits until the shadow's appliers applied all its work.
 func (r *Rebuild) drain(ctx context.Context) error {
-	stream, err := r.js.Stream(ctx, r.Planner.cfg.fanout.Stream)
+	stream, err := r.js.Stream(ctx, r.Fanout().Stream)
 	if err != nil {
 		return fmt.Errorf("rebuild's fan-out stream: %w", err)
 	}
@@ -373,6 +355,6 @@ func (r *Rebuild) Close() {
 	r.closeOne.Do(func() {
 		r.stop()
 		r.wg.Wait()
-		_ = releaseLease.Run(context.Background(), r.base.rdb, []string{rebuildLockKey}, r.token).Err()
+		_ = releaseLease.Run(context.Background(), r.base.Client(), []string{feeds.RebuildLockKey}, r.token).Err()
 	})
 }

@@ -1,4 +1,4 @@
-package feeds_test
+package inbox_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 // BenchmarkFanoutInstructions counts what BenchmarkFanout times: the
@@ -25,9 +26,9 @@ import (
 // push also trims), next to the same entries as raw pipelined ZADDs into keys
 // laid out the same way, and their ratio. Two more cases are runs into full
 // inboxes, each call giving every follower a run of 8 of a batch's 50 posts
-// (the bench's mixed phase as it was in session 15) and of 2 of 20 (as it is
-// since session 23, with the planner's batches of some 30 events). Beside each count it prints the
-// share of the appliers' instructions that ZADD spends looking up the members
+// (large batches) and of 2 of 20 (the planner's batches of some 30 events).
+// Beside each count it prints the share of the appliers' instructions that
+// ZADD spends looking up the members
 // it adds (zzlFind: a listpack is scanned from its head for every member, and
 // a new post is in none, so each scans the whole inbox). The server runs
 // under valgrind's callgrind with instrumentation off, switched on
@@ -36,13 +37,13 @@ import (
 // Time on this machine moves with everything else running on it, by a third
 // between two measurements of the same code; an instruction count moved by
 // under 0.5 % between runs, so this tells two versions of the apply script
-// apart where the timed benchmark cannot. It leaves out what the kernel does for the network,
-// which a raw ZADD spends more of, per entry, than a push: the ratio here is
+// apart where the timed benchmark cannot. It leaves out what the kernel does
+// for the network, which a raw ZADD spends more of, per entry, than a push: the ratio here is
 // lower than the timed one. It is skipped unless valgrind, callgrind_control
 // and callgrind_annotate are installed (Debian's valgrind package). The
 // server runs many times slower under it; a run takes about a minute.
 //
-//	go test -run '^$' -bench BenchmarkFanoutInstructions -benchtime 1x ./projections/feeds
+//	go test -run '^$' -bench BenchmarkFanoutInstructions -benchtime 1x ./projections/feeds/inbox
 func BenchmarkFanoutInstructions(b *testing.B) {
 	for _, tool := range []string{"valgrind", "callgrind_control", "callgrind_annotate"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -80,11 +81,11 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 		b.ReportMetric(apply.lookups, "lookup-share")
 		fmt.Fprintf(os.Stderr, "%-28s | %14.0f | %14.0f | %5.2f | %3.0f %%\n", name, apply.perEntry, raw.perEntry, raw.perEntry/apply.perEntry, 100*apply.lookups)
 	}
-	for ci, inbox := range []int{20, 500} {
-		b.Run(fmt.Sprintf("inbox=%d", inbox), func(b *testing.B) {
+	for ci, size := range []int{20, 500} {
+		b.Run(fmt.Sprintf("inbox=%d", size), func(b *testing.B) {
 			followers := benchFollowers(ci, followersN)
-			setupFollowers(b, rdb, store, followers, old[len(old)-inbox:], seq)
-			if inbox == store.Config().InboxCap {
+			setupFollowers(b, rdb, store, followers, old[len(old)-size:], seq)
+			if size == store.Config().InboxCap {
 				fillPastCap(b, rdb, store, followers, posts, &seq)
 			}
 			keys := byPartition(followers, self, 1, benchChunk)
@@ -101,16 +102,16 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 					for range rounds {
 						seq++
 						p := posts.next()
-						items := make([]feeds.Item, len(followers))
+						items := make([]inbox.Item, len(followers))
 						for i, f := range followers {
-							items[i] = feeds.Item{Recipient: f, Seq: seq, Op: feeds.OpPush, Posts: []domain.PostID{p}}
+							items[i] = inbox.Item{Recipient: f, Seq: seq, Op: inbox.OpPush, Posts: []domain.PostID{p}}
 						}
-						if err := applyAll(ctx, store, [][][][]feeds.Item{byPartition(items, itemRecipient, 1, benchChunk)}, followersN); err != nil {
+						if err := applyAll(ctx, store, [][][][]inbox.Item{byPartition(items, itemRecipient, 1, benchChunk)}, followersN); err != nil {
 							b.Fatal(err)
 						}
 					}
 				})
-				report(b, fmt.Sprintf("lone pushes, inbox %d", inbox), raw, apply)
+				report(b, fmt.Sprintf("lone pushes, inbox %d", size), raw, apply)
 			}
 		})
 	}
@@ -124,14 +125,14 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 			entries := float64(rounds / 2 * followersN * run)
 			// runs is one call's items: each follower gets run of the batch's
 			// posts, its own pick, in the log's order.
-			runs := func() []feeds.Item {
+			runs := func() []inbox.Item {
 				fresh := posts.take(batch)
-				var items []feeds.Item
+				var items []inbox.Item
 				for _, f := range followers {
 					picked := rng.Perm(batch)[:run]
 					slices.Sort(picked)
 					for _, k := range picked {
-						items = append(items, feeds.Item{Recipient: f, Seq: seq + uint64(k) + 1, Op: feeds.OpPush, Posts: []domain.PostID{fresh[k]}})
+						items = append(items, inbox.Item{Recipient: f, Seq: seq + uint64(k) + 1, Op: inbox.OpPush, Posts: []domain.PostID{fresh[k]}})
 					}
 				}
 				seq += uint64(batch)
@@ -148,7 +149,7 @@ func BenchmarkFanoutInstructions(b *testing.B) {
 				apply := count(entries, func() {
 					for range rounds / 2 {
 						items := runs()
-						if err := applyAll(ctx, store, [][][][]feeds.Item{byPartition(items, itemRecipient, 1, benchChunk)}, int64(len(items))); err != nil {
+						if err := applyAll(ctx, store, [][][][]inbox.Item{byPartition(items, itemRecipient, 1, benchChunk)}, int64(len(items))); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -171,7 +172,7 @@ func benchFollowers(ci, n int) []domain.UserID {
 
 // rawZAddItems is rawZAdd for items that differ by recipient: one ZADD of each
 // item's post into its recipient's raw key, pipelined benchChunk at a time.
-func rawZAddItems(ctx context.Context, rdb *redis.Client, items []feeds.Item) error {
+func rawZAddItems(ctx context.Context, rdb *redis.Client, items []inbox.Item) error {
 	for c := range slices.Chunk(items, benchChunk) {
 		pipe := rdb.Pipeline()
 		for _, it := range c {

@@ -1,4 +1,4 @@
-package feeds
+package fanout
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 )
 
 // A fan-out message's body is its work items in order, in a binary form built
@@ -78,7 +79,7 @@ type workBody struct {
 type workRun struct {
 	To      []domain.UserID `json:"to"`
 	Seq     uint64          `json:"seq"`
-	Op      Op              `json:"op"`
+	Op      inbox.Op        `json:"op"`
 	Posts   []domain.PostID `json:"posts,omitempty"`
 	Floor   int64           `json:"floor,omitempty"`
 	Allowed []domain.PostID `json:"allowed,omitempty"`
@@ -86,10 +87,10 @@ type workRun struct {
 
 // encodeWork encodes items, in order, as a fan-out message's body. It refuses
 // an item of an unknown op, which no applier could decode.
-func encodeWork(items []Item) ([]byte, error) {
+func encodeWork(items []inbox.Item) ([]byte, error) {
 	posts := 0
 	for _, it := range items {
-		if it.Op < OpPush || it.Op > OpReconcile {
+		if it.Op < inbox.OpPush || it.Op > inbox.OpReconcile {
 			return nil, fmt.Errorf("encode work: unknown op %d for user %d: %w", it.Op, it.Recipient, domain.ErrInvalid)
 		}
 		posts += len(it.Posts) + len(it.Allowed)
@@ -154,7 +155,7 @@ func appendPosts(data []byte, posts []domain.PostID, prev domain.PostID) ([]byte
 
 // decodeWork decodes a fan-out message's body, of any form, into its items, in
 // order. Items share their Posts and Allowed slices: they are read only.
-func decodeWork(data []byte) ([]Item, error) {
+func decodeWork(data []byte) ([]inbox.Item, error) {
 	if len(data) > 0 && data[0] == workBinaryV1 {
 		items, err := decodeBinaryWork(data[1:])
 		if err != nil {
@@ -163,7 +164,7 @@ func decodeWork(data []byte) ([]Item, error) {
 		return items, nil
 	}
 	if trimmed := bytes.TrimLeft(data, " \t\r\n"); len(trimmed) > 0 && trimmed[0] == '[' {
-		var items []Item
+		var items []inbox.Item
 		if err := json.Unmarshal(data, &items); err != nil {
 			return nil, fmt.Errorf("decode work: %w", err)
 		}
@@ -177,13 +178,13 @@ func decodeWork(data []byte) ([]Item, error) {
 	for _, r := range body.Runs {
 		n += len(r.To)
 	}
-	items := make([]Item, 0, n)
+	items := make([]inbox.Item, 0, n)
 	for _, r := range body.Runs {
 		if len(r.To) == 0 {
 			return nil, fmt.Errorf("decode work: a run of op %s at %d has no recipient: %w", r.Op, r.Seq, domain.ErrInvalid)
 		}
 		for _, to := range r.To {
-			items = append(items, Item{Recipient: to, Seq: r.Seq, Op: r.Op, Posts: r.Posts, Floor: r.Floor, Allowed: r.Allowed})
+			items = append(items, inbox.Item{Recipient: to, Seq: r.Seq, Op: r.Op, Posts: r.Posts, Floor: r.Floor, Allowed: r.Allowed})
 		}
 	}
 	return items, nil
@@ -194,13 +195,13 @@ var errMalformedWork = fmt.Errorf("malformed binary work: %w", domain.ErrInvalid
 
 // decodeBinaryWork decodes a binary body after its first byte. Every count is
 // checked against the bytes left before anything is made from it.
-func decodeBinaryWork(data []byte) ([]Item, error) {
+func decodeBinaryWork(data []byte) ([]inbox.Item, error) {
 	d := workDecoder{data: data}
 	nItems, nPosts := d.uvarint(), d.uvarint()
 	if d.bad || nItems > uint64(len(d.data))/workMinItemBytes || nPosts > uint64(len(d.data))-nItems*workItemBytesBesidePosts {
 		return nil, fmt.Errorf("header of %d bytes: %w", len(data), errMalformedWork)
 	}
-	items := make([]Item, 0, nItems)
+	items := make([]inbox.Item, 0, nItems)
 	d.posts = make([]domain.PostID, nPosts)
 	for len(d.data) > 0 {
 		recipient, n := domain.UserID(d.uvarint()), d.uvarint()
@@ -209,8 +210,8 @@ func decodeBinaryWork(data []byte) ([]Item, error) {
 		}
 		for range n {
 			head := d.byte()
-			it := Item{Recipient: recipient, Op: Op(head & workOpMask)}
-			if it.Op < OpPush || it.Op > OpReconcile || head&^workHeadBits != 0 {
+			it := inbox.Item{Recipient: recipient, Op: inbox.Op(head & workOpMask)}
+			if it.Op < inbox.OpPush || it.Op > inbox.OpReconcile || head&^workHeadBits != 0 {
 				return nil, fmt.Errorf("item %d for user %d has head %#x: %w", len(items), recipient, head, errMalformedWork)
 			}
 			d.seq += uint64(d.varint())

@@ -1,4 +1,4 @@
-package feeds
+package repair
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections/feeds"
+	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/roundqueue"
 )
 
@@ -29,22 +31,23 @@ type MaintenanceConfig struct {
 	Batch int
 }
 
-// Maintenance visits the materialised inboxes in turn through seed 001's
-// round queue (least recently checked first, each at most once per period) and
-// has the planner reconcile them: trimmed if over-long, ghosts of deleted posts or
-// unfollowed authors removed, missing posts added; Store.Repairs counts every
-// entry it fixes. Users whose inboxes expire drop out by the queue's TTL.
+// Maintenance visits the materialised inboxes in turn through a round queue
+// (least recently checked first, each at most once per period) and has the
+// planner reconcile them: trimmed if over-long, ghosts of deleted posts or
+// unfollowed authors removed, missing posts added; feeds.Store.Repairs counts
+// every entry it fixes. Users whose inboxes expire drop out by the queue's
+// TTL.
 type Maintenance struct {
 	queue   *roundqueue.Queue
-	store   *Store
-	planner *Planner
+	store   *feeds.Store
+	planner *fanout.Planner
 	cfg     MaintenanceConfig
 	logger  *slog.Logger
 }
 
 // NewMaintenance returns a maintenance worker; it enrolls every inbox the
 // planner materialises.
-func NewMaintenance(rdb redis.UniversalClient, store *Store, planner *Planner, cfg MaintenanceConfig, logger *slog.Logger) *Maintenance {
+func NewMaintenance(rdb redis.UniversalClient, store *feeds.Store, planner *fanout.Planner, cfg MaintenanceConfig, logger *slog.Logger) *Maintenance {
 	if cfg.Period == 0 {
 		cfg.Period = 10 * time.Minute
 	}
