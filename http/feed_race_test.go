@@ -402,7 +402,7 @@ func TestFeedReplayEquivalence(t *testing.T) {
 	for u := 1; u <= users; u++ {
 		before[domain.UserID(u)] = w.pageAll(t, domain.UserID(u))
 	}
-	require.NoError(t, w.rdb.FlushAll(context.Background()).Err())
+	require.NoError(t, w.flushAll(context.Background()))
 	w.plannerReplayed(t)
 	for u := 1; u <= users; u++ {
 		w.materialise(t, domain.UserID(u))
@@ -436,7 +436,7 @@ func TestMaterialiseRacingRedisLoss(t *testing.T) {
 			args := cmd.Args()
 			return cmd.Name() == "smembers" && len(args) == 2 && args[1] == following
 		},
-		inject: func() { require.NoError(t, w.rdb.FlushAll(context.Background()).Err()) },
+		inject: func() { require.NoError(t, w.flushAll(context.Background())) },
 	})
 	w.page(t, a, "")
 	require.Eventually(t, func() bool { return w.beforeCmd.Load() == nil }, 30*time.Second, 5*time.Millisecond,
