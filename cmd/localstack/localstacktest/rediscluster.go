@@ -223,3 +223,13 @@ func poll(ctx context.Context, what string, done func() (bool, error)) error {
 		}
 	}
 }
+
+// RedisClientForTest starts a Redis of its own for the test and returns a
+// client of it, closed at cleanup.
+func RedisClientForTest(tb testing.TB) *redis.Client {
+	tb.Helper()
+	r := RedisForTest(tb)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	tb.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}

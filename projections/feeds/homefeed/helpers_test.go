@@ -15,9 +15,7 @@ import (
 // and a raw client to look behind the store's back.
 func newStore(t *testing.T, cfg feeds.Config) (*feeds.Store, *redis.Client) {
 	t.Helper()
-	r := localstacktest.RedisForTest(t)
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := localstacktest.RedisClientForTest(t)
 	return feeds.NewStore(rdb, cfg), rdb
 }
 
