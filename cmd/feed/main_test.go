@@ -66,6 +66,13 @@ func startDev(t *testing.T, dir string, ports devPorts) (string, func() error) {
 // a stop function that interrupts it and returns run's error.
 func startRun(t *testing.T, command string, env func(string) string) (string, func() error) {
 	t.Helper()
+	base, stop, _ := startRunLogged(t, command, env)
+	return base, stop
+}
+
+// startRunLogged is startRun that also returns the log the command writes.
+func startRunLogged(t *testing.T, command string, env func(string) string) (string, func() error, *localstacktest.SyncBuffer) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out, w := io.Pipe()
 	stderr := &localstacktest.SyncBuffer{}
@@ -119,7 +126,7 @@ func startRun(t *testing.T, command string, env func(string) string) (string, fu
 		}
 	}
 	t.Cleanup(func() { _ = stop() })
-	return base, stop
+	return base, stop, stderr
 }
 
 // waitReady polls /readyz until it answers 200: the projectors start
