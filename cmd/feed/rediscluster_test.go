@@ -106,9 +106,13 @@ func TestServeRunsOnARedisClusterThroughAFailover(t *testing.T) {
 	replica := redis.NewClient(&redis.Options{Addr: cluster.Nodes[master+3].Addr()})
 	defer replica.Close()
 	readyz := map[string]int{} // /readyz's answers meanwhile, counted
+	notReady := 0
 	require.Eventually(t, func() bool {
 		status, body := get(t, base+"/readyz")
 		readyz[fmt.Sprint(status, " ", body["checks"])]++
+		if status == http.StatusServiceUnavailable {
+			notReady++
+		}
 		role, err := replica.Do(t.Context(), "ROLE").Slice()
 		return err == nil && role[0] == "master"
 	}, 30*time.Second, 100*time.Millisecond, "master %d's replica did not take over", master)
@@ -119,6 +123,7 @@ func TestServeRunsOnARedisClusterThroughAFailover(t *testing.T) {
 	waitReady(t, base)
 	t.Logf("master %d killed: its replica took over in %v, the service was ready in %v; /readyz meanwhile: %v",
 		master, promoted.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond), readyz)
+	assert.Positive(t, notReady, "/readyz must say Redis is not ready while a master is down: %v", readyz)
 
 	before := homePages(t, base, "postgres")
 	id, pos := createPost(t, base, token(followees[0]))

@@ -349,7 +349,10 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 
 	checks := []feedhttp.Check{
 		{Name: "log", Probe: func(ctx context.Context) error { _, err := in.log.Head(ctx); return err }},
-		{Name: "redis", Probe: func(ctx context.Context) error { return in.readRedis.Ping(ctx).Err() }},
+		// Every master: on a cluster a ping without a key goes to any one.
+		{Name: "redis", Probe: func(ctx context.Context) error {
+			return stack.ForEachMaster(ctx, in.readRedis, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
+		}},
 		{Name: "postgres", Probe: in.pg.Ping},
 	}
 	projMetrics := projections.NewMetrics(reg)
