@@ -116,12 +116,34 @@ func (c *RedisCluster) Kill(i int) {
 }
 
 // WaitHealthy waits until every live node holds the cluster ok: every
-// slot served by a master it can reach.
+// slot served by a master it can reach, and none by a killed node (until
+// the cluster's node timeout has passed, a node just killed still serves
+// its slots as far as the others know).
 func (c *RedisCluster) WaitHealthy(ctx context.Context) error {
+	c.mu.Lock()
+	dead := map[string]bool{}
+	for i := range c.killed {
+		dead[c.Nodes[i].Addr()] = true
+	}
+	c.mu.Unlock()
 	return c.each(ctx, func(ctx context.Context, i int, rdb *redis.Client) error {
 		return poll(ctx, "node "+strconv.Itoa(i)+" to hold the cluster ok", func() (bool, error) {
 			info, err := rdb.ClusterInfo(ctx).Result()
-			return strings.Contains(info, "cluster_state:ok"), err
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false, err
+			}
+			nodes, err := rdb.ClusterNodes(ctx).Result()
+			if err != nil {
+				return false, err
+			}
+			for line := range strings.Lines(nodes) {
+				// <id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slot>...
+				f := strings.Fields(line)
+				if len(f) > 8 && dead[strings.SplitN(f[1], "@", 2)[0]] {
+					return false, nil
+				}
+			}
+			return true, nil
 		})
 	})
 }
