@@ -339,7 +339,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		media.Collectable
 	}
 	if api {
-		if store, err = openMedia(ctx, cfg, in); err != nil {
+		if store, err = openMedia(ctx, cfg, in, logger); err != nil {
 			return err
 		}
 		if c, ok := store.(io.Closer); ok {
@@ -580,13 +580,20 @@ func checkRedisSettings(ctx context.Context, rdb redis.UniversalClient, conf fee
 }
 
 // openMedia opens the media store FEED_MEDIA_STORE names. The object store's
-// bucket is replicated as the event stream is.
-func openMedia(ctx context.Context, cfg stack.Config, in *infra) (interface {
+// bucket is replicated as the event stream is, and made or updated as the
+// streams are: waiting out a cluster without quorum.
+func openMedia(ctx context.Context, cfg stack.Config, in *infra, logger *slog.Logger) (interface {
 	media.Store
 	media.Collectable
 }, error) {
-	if cfg.MediaStore == stack.MediaObjectStore {
-		return media.NewObjectStore(ctx, in.js, media.ObjectStoreConfig{Replicas: in.log.Replicas()})
+	if cfg.MediaStore != stack.MediaObjectStore {
+		return media.NewPack(filepath.Join(cfg.DataDir, "media"))
 	}
-	return media.NewPack(filepath.Join(cfg.DataDir, "media"))
+	var o *media.ObjectStore
+	err := events.RetryUnavailable(ctx, logger, "create or update the media bucket", func() error {
+		var err error
+		o, err = media.NewObjectStore(ctx, in.js, media.ObjectStoreConfig{Replicas: in.log.Replicas()})
+		return events.Classify(err)
+	})
+	return o, err
 }

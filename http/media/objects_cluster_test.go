@@ -1,0 +1,53 @@
+package media_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack/natscluster"
+	"github.com/feedproject/feed/http/media"
+)
+
+// An image saved in a three-replica bucket through one node is read whole
+// through another after the bucket's leader is killed: every acknowledged
+// image survives the loss of a node, as every acknowledged event does.
+func TestObjectStoreKeepsImagesAcrossALeaderLoss(t *testing.T) {
+	c := natscluster.Start(t, natscluster.Config{SyncAlways: true})
+	open := func(url string) *media.ObjectStore {
+		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		o, err := media.NewObjectStore(t.Context(), js, media.ObjectStoreConfig{Replicas: 3, TempDir: t.TempDir()})
+		require.NoError(t, err)
+		return o
+	}
+	writer := open(c.URLs())
+	want := pngBytes(t, 300, 300) // several chunks
+	img, err := writer.Save(t.Context(), bytes.NewReader(want), 5<<20)
+	require.NoError(t, err)
+	require.NoError(t, writer.Sync(t.Context()))
+
+	leader := c.WaitForStreamLeader("OBJ_"+media.DefaultBucket, 10*time.Second)
+	reader := open(c.URL((leader + 1) % c.Size()))
+	c.Kill(leader)
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		r, got, err := reader.Open(ctx, img.Key)
+		if err != nil {
+			return false
+		}
+		defer r.Close()
+		data, err := io.ReadAll(r)
+		return err == nil && bytes.Equal(want, data) && got.Size == int64(len(want))
+	}, 30*time.Second, 100*time.Millisecond, "the image is not read whole after its bucket's leader was killed")
+}
