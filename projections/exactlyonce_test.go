@@ -116,13 +116,7 @@ func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceR
 // onceDatabase is a new migrated database on pg.
 func onceDatabase(t *testing.T, pg *localstack.Postgres, name string) *pgxpool.Pool {
 	t.Helper()
-	ctx := context.Background()
-	admin, err := pgxpool.New(ctx, pg.AdminURL())
-	require.NoError(t, err)
-	defer admin.Close()
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE feed")
-	require.NoError(t, err)
-	pool, err := readmodel.OpenPool(ctx, strings.Replace(pg.URL(), "/feed?", "/"+name+"?", 1), migrations.Schema, 0)
+	pool, err := readmodel.OpenPool(context.Background(), localstacktest.DatabaseCopyForTest(t, pg, name), migrations.Schema, 0)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool

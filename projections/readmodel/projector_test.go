@@ -34,16 +34,7 @@ var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 // pjDatabase is a migrated database on pg, new for each call.
 func pjDatabase(t *testing.T, pg *localstack.Postgres, name string) *pgxpool.Pool {
 	t.Helper()
-	ctx := context.Background()
-	admin, err := pgxpool.New(ctx, pg.AdminURL())
-	require.NoError(t, err)
-	defer admin.Close()
-	// The harness's feed database is migrated; copying it is much faster than
-	// migrating a new one.
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE feed")
-	require.NoError(t, err)
-	url := strings.Replace(pg.URL(), "/feed?", "/"+name+"?", 1)
-	pool, err := readmodel.OpenPool(ctx, url, migrations.Schema, 0)
+	pool, err := readmodel.OpenPool(context.Background(), localstacktest.DatabaseCopyForTest(t, pg, name), migrations.Schema, 0)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
