@@ -30,6 +30,9 @@ type Dir struct {
 	// key's first byte: a Save that finds its bytes stored and renews
 	// their time must not be overtaken by a Remove that read the old time.
 	locks [256]sync.Mutex
+	// uploads holds the temporary files of this process's saves under way,
+	// which Remove leaves whatever their time says.
+	uploads sync.Map
 }
 
 var _ Store = (*Dir)(nil)
@@ -85,12 +88,14 @@ func (d *Dir) Save(ctx context.Context, r io.Reader, maxSize int64) (Image, erro
 	if err != nil {
 		return Image{}, fmt.Errorf("save image: %w", err)
 	}
+	d.uploads.Store(tmp.Name(), struct{}{})
 	published := false
 	defer func() {
 		_ = tmp.Close() // a second Close after the checked one only returns ErrClosed
 		if !published {
 			_ = os.Remove(tmp.Name())
 		}
+		d.uploads.Delete(tmp.Name())
 	}()
 
 	h := sha256.New()
@@ -155,6 +160,12 @@ func (d *Dir) publish(tmp, key string) (renamed bool, err error) {
 	now := time.Now()
 	err = os.Chtimes(final, now, now)
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return false, err
+	}
+	// The kernel stamps writes with a coarse clock, which can read a few
+	// milliseconds behind now: a file published after a cutoff must not
+	// look older than it.
+	if err := os.Chtimes(tmp, now, now); err != nil {
 		return false, err
 	}
 	err = os.Rename(tmp, final)
@@ -348,6 +359,9 @@ func (d *Dir) removeTemporary(cutoff time.Time) (int64, error) {
 		}
 		for _, e := range entries {
 			if !strings.HasPrefix(e.Name(), tempPrefix) || !e.Type().IsRegular() {
+				continue
+			}
+			if _, busy := d.uploads.Load(filepath.Join(dir, e.Name())); busy {
 				continue
 			}
 			info, err := e.Info()
