@@ -283,7 +283,7 @@ func connectRebuilder(ctx context.Context, cfg stack.Config, logger *slog.Logger
 	if err != nil {
 		return fail(err)
 	}
-	rdb := target.Client(projectorTuning)
+	rdb := target.ProjectorClient(cfg, projectorTuning, replicaAcksShort(logger, nil))
 	closers = append(closers, func() { _ = rdb.Close() })
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fail(fmt.Errorf("ping redis %s: %w", target, err))

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -166,7 +167,7 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 	}
 	// Two clients, because the two uses want opposite timeouts (see
 	// projectorTuning and readerTuning).
-	in.redis = target.Client(projectorTuning)
+	in.redis = target.ProjectorClient(cfg, projectorTuning, replicaAcksShort(logger, reg))
 	in.closers = append(in.closers, func() { _ = in.redis.Close() })
 	if err := in.redis.Ping(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("ping redis %s: %w", target, err)
@@ -215,6 +216,29 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 	}
 	in.closers = append(in.closers, in.log.Close)
 	return in, nil
+}
+
+// replicaAcksShort counts and logs, at most once a minute per node, the
+// writes that returned without the replicas they asked for.
+func replicaAcksShort(logger *slog.Logger, reg prometheus.Registerer) func(addr string) {
+	short := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "feed_redis_replica_acks_short_total",
+		Help: "Times a Redis node's replicas did not acknowledge a projector's write within 1 s (FEED_REDIS_REPLICA_ACKS); its writes then stop waiting for 5 s, and a failover meanwhile may lose them.",
+	}, []string{"node"})
+	if reg != nil {
+		reg.MustRegister(short)
+	}
+	var mu sync.Mutex
+	logged := map[string]time.Time{}
+	return func(addr string) {
+		short.WithLabelValues(addr).Inc()
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(logged[addr]) > time.Minute {
+			logged[addr] = time.Now()
+			logger.Warn("redis replicas did not acknowledge writes in time; writing without waiting for them meanwhile", "node", addr)
+		}
+	}
 }
 
 // projectorTuning is the projectors' Redis client's. Their scripts may run

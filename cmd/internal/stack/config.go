@@ -26,6 +26,10 @@ type Config struct {
 	NATSURL     string
 	RedisURL    string
 	DatabaseURL string
+	// RedisReplicaAcks is how many replicas each projector write to Redis
+	// waits for (FEED_REDIS_REPLICA_ACKS); -1 when unset: 1 on a cluster,
+	// 0 on one server (see RedisReplicaAcksFor).
+	RedisReplicaAcks int
 
 	// The NATS server started when NATSURL is empty (feed nats).
 	NATSPort     int
@@ -127,6 +131,7 @@ var Variables = []Variable{
 	{"FEED_NATS_PORT", "4222", "Loopback client port of the NATS server started when NATS_URL is unset (so the nats CLI connects with no flags); 0 picks a free one."},
 	{"FEED_NATS_SYNC", "always", "That server's JetStream fsync policy: always (acknowledged = on disk) or an interval such as 2m."},
 	{"FEED_STREAM", "FEED_EVENTS", "Name of the event stream."},
+	{"FEED_REDIS_REPLICA_ACKS", "", "How many replicas of the Redis node that takes a projector's write must have it before the write counts as done (Redis's WAIT), so that a master lost in a failover takes no acknowledged inbox or follow with it. Unset: 1 on a Redis Cluster, 0 on one server. A node whose replicas do not answer within 1 s is written to without waiting for 5 s, and `feed_redis_replica_acks_short_total` counts it; set 0 on a cluster without replicas."},
 	{"FEED_STREAM_REPLICAS", "", "Replicas of every stream the service creates (3 on a JetStream cluster); unset keeps an existing stream's and creates new ones with 1. Only serve and dev apply it; tools never change a stream."},
 	{"FEED_DEDUP_WINDOW", "10m", "How long an Idempotency-Key / event id is remembered."},
 	{"FEED_DEV_REDIS_PORT", "16379", "dev: loopback port of the child Redis."},
@@ -188,6 +193,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		NATSSync:         get("FEED_NATS_SYNC"),
 		StreamName:       get("FEED_STREAM"),
 		Replicas:         optional(integer, "FEED_STREAM_REPLICAS", 1, 5),
+		RedisReplicaAcks: -1,
 		DedupWindow:      duration("FEED_DEDUP_WINDOW"),
 		DevRedisPort:     integer("FEED_DEV_REDIS_PORT", 0, 65535),
 		DevRedisRealtime: integer("FEED_DEV_REDIS_REALTIME", 0, 99),
@@ -204,6 +210,9 @@ func Parse(getenv func(string) string) (Config, error) {
 		MediaGrace:           duration("FEED_MEDIA_GRACE"),
 		MediaCollectInterval: duration("FEED_MEDIA_COLLECT_INTERVAL"),
 		MediaStore:           get("FEED_MEDIA_STORE"),
+	}
+	if get("FEED_REDIS_REPLICA_ACKS") != "" {
+		cfg.RedisReplicaAcks = integer("FEED_REDIS_REPLICA_ACKS", 0, 5)
 	}
 	if cfg.MediaStore != MediaPack && cfg.MediaStore != MediaObjectStore {
 		errs = append(errs, fmt.Sprintf("FEED_MEDIA_STORE=%q is not %s or %s", cfg.MediaStore, MediaPack, MediaObjectStore))
