@@ -23,8 +23,12 @@ type RedisCluster struct {
 	// replicas (3–5, replica i+3 of master i).
 	Nodes []*localstack.Redis
 
+	tb     testing.TB
+	h      *harness
 	mu     sync.Mutex
 	killed map[int]bool
+	// dead are the processes killed, whose stop reports the kill.
+	dead map[*localstack.Redis]bool
 }
 
 // clusterNodeTimeout is how long the nodes take to hold one failed: a
@@ -44,29 +48,16 @@ func RedisClusterForTest(tb testing.TB) *RedisCluster {
 	h := newHarness(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c := &RedisCluster{Nodes: make([]*localstack.Redis, 6), killed: map[int]bool{}}
+	c := &RedisCluster{Nodes: make([]*localstack.Redis, 6), tb: tb, h: h, killed: map[int]bool{}, dead: map[*localstack.Redis]bool{}}
 	errs := make([]error, len(c.Nodes))
 	var wg sync.WaitGroup
 	for i := range c.Nodes {
-		wg.Go(func() {
-			c.Nodes[i], errs[i] = localstack.StartRedis(ctx, localstack.RedisConfig{
-				Dir:                 filepath.Join(h.dir, "redis-"+strconv.Itoa(i)),
-				ZSetListpackEntries: 1024,
-				ClusterNodeTimeout:  clusterNodeTimeout,
-			}, h.log)
-		})
+		wg.Go(func() { c.Nodes[i], errs[i] = c.startNode(ctx, i, 0) })
 	}
 	wg.Wait()
-	for i, n := range c.Nodes {
+	for _, n := range c.Nodes {
 		if n != nil {
-			tb.Cleanup(func() {
-				c.mu.Lock()
-				killed := c.killed[i]
-				c.mu.Unlock()
-				if err := n.Stop(); !killed {
-					h.logStopErr("redis cluster node", err)
-				}
-			})
+			c.stopOnCleanup(n)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -107,10 +98,50 @@ func (c *RedisCluster) Client(tb testing.TB) *redis.ClusterClient {
 	return rdb
 }
 
+func (c *RedisCluster) startNode(ctx context.Context, i, port int) (*localstack.Redis, error) {
+	return localstack.StartRedis(ctx, localstack.RedisConfig{
+		Dir:                 filepath.Join(c.h.dir, "redis-"+strconv.Itoa(i)),
+		Port:                port,
+		ZSetListpackEntries: 1024,
+		ClusterNodeTimeout:  clusterNodeTimeout,
+	}, c.h.log)
+}
+
+func (c *RedisCluster) stopOnCleanup(n *localstack.Redis) {
+	c.tb.Cleanup(func() {
+		c.mu.Lock()
+		killed := c.dead[n]
+		c.mu.Unlock()
+		if err := n.Stop(); !killed {
+			c.h.logStopErr("redis cluster node", err)
+		}
+	})
+}
+
+// Restart starts killed node i again on its port with its cluster
+// configuration: empty, as its data was not persisted, it rejoins the
+// cluster, as a replica of the node that took its slots if it was a master.
+// Call it from the test's goroutine.
+func (c *RedisCluster) Restart(i int) {
+	c.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := c.startNode(ctx, i, c.Nodes[i].Port())
+	if err != nil {
+		c.tb.Fatalf("localstack: restart redis cluster node %d: %v", i, err)
+	}
+	c.mu.Lock()
+	c.Nodes[i] = n
+	delete(c.killed, i)
+	c.mu.Unlock()
+	c.stopOnCleanup(n)
+}
+
 // Kill ends node i at once (SIGKILL).
 func (c *RedisCluster) Kill(i int) {
 	c.mu.Lock()
 	c.killed[i] = true
+	c.dead[c.Nodes[i]] = true
 	c.mu.Unlock()
 	c.Nodes[i].Kill()
 }
