@@ -51,3 +51,38 @@ func TestObjectStoreKeepsImagesAcrossALeaderLoss(t *testing.T) {
 		return err == nil && bytes.Equal(want, data) && got.Size == int64(len(want))
 	}, 30*time.Second, 100*time.Millisecond, "the image is not read whole after its bucket's leader was killed")
 }
+
+// A save while the bucket has no leader waits for the next one instead of
+// failing: the upload is stored once a leader is elected.
+func TestObjectStoreSaveWaitsOutALeaderElection(t *testing.T) {
+	c := natscluster.Start(t, natscluster.Config{})
+	connect := func(url string) *media.ObjectStore {
+		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		o, err := media.NewObjectStore(t.Context(), js, media.ObjectStoreConfig{Replicas: 3, TempDir: t.TempDir()})
+		require.NoError(t, err)
+		return o
+	}
+	connect(c.URLs())
+	// Connected to the bucket's leader, the saves meet both the lost
+	// connection and the election.
+	leader := c.WaitForStreamLeader("OBJ_"+media.DefaultBucket, 10*time.Second)
+	o := connect(c.URL(leader) + "," + c.URLs())
+	_, err := o.Save(t.Context(), bytes.NewReader(pngBytes(t, 20, 20)), 5<<20)
+	require.NoError(t, err)
+	c.Kill(leader)
+	for i := range 5 {
+		want := pngBytes(t, 40+i, 40)
+		img, err := o.Save(t.Context(), bytes.NewReader(want), 5<<20)
+		require.NoError(t, err, "save %d while the bucket's leader is gone", i)
+		r, _, err := o.Open(t.Context(), img.Key)
+		require.NoError(t, err)
+		got, err := io.ReadAll(r)
+		require.NoError(t, err)
+		require.NoError(t, r.Close())
+		require.Equal(t, want, got)
+	}
+}
