@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/cmd/localstack/natscluster"
+	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/http/media"
 )
 
@@ -52,8 +53,9 @@ func TestObjectStoreKeepsImagesAcrossALeaderLoss(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the image is not read whole after its bucket's leader was killed")
 }
 
-// A save while the bucket has no leader waits for the next one instead of
-// failing: the upload is stored once a leader is elected.
+// A save while the bucket has no leader waits for the next one, or answers
+// unavailable if the election outlasts its wait, never another error; the
+// upload is stored once a leader is elected.
 func TestObjectStoreSaveWaitsOutALeaderElection(t *testing.T) {
 	c := natscluster.Start(t, natscluster.Config{})
 	connect := func(url string) *media.ObjectStore {
@@ -76,8 +78,17 @@ func TestObjectStoreSaveWaitsOutALeaderElection(t *testing.T) {
 	c.Kill(leader)
 	for i := range 5 {
 		want := pngBytes(t, 40+i, 40)
-		img, err := o.Save(t.Context(), bytes.NewReader(want), 5<<20)
-		require.NoError(t, err, "save %d while the bucket's leader is gone", i)
+		var img media.Image
+		for deadline := time.Now().Add(time.Minute); ; {
+			img, err = o.Save(t.Context(), bytes.NewReader(want), 5<<20)
+			if err == nil {
+				break
+			}
+			// An election that outlasts a save's wait is unavailable (503),
+			// never another error.
+			require.ErrorIs(t, err, domain.ErrUnavailable, "save %d while the bucket's leader is gone", i)
+			require.True(t, time.Now().Before(deadline), "no save for a minute after the leader's loss: %v", err)
+		}
 		r, _, err := o.Open(t.Context(), img.Key)
 		require.NoError(t, err)
 		got, err := io.ReadAll(r)
