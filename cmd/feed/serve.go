@@ -485,6 +485,9 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		FeedFallbacks:   feedFallbacks(in.pg.Config().MaxConns),
 		OperationsOnly:  !api,
 	})
+	if api && cfg.ServesWebPage(dev) {
+		srv.ServeWebPage(auth, devSignIn(cfg, dev))
+	}
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {

@@ -60,6 +60,16 @@ type Config struct {
 	// MediaStore is where images live: MediaPack or MediaObjectStore
 	// (FEED_MEDIA_STORE).
 	MediaStore string
+
+	// Web is FEED_WEB: "" (the web page in dev only), "1" (in serve too) or
+	// "0" (nowhere); see ServesWebPage.
+	Web string
+}
+
+// ServesWebPage reports whether the api role serves the web page at /: in
+// development mode unless FEED_WEB=0, and in serve only with FEED_WEB=1.
+func (c Config) ServesWebPage(dev bool) bool {
+	return c.Web == "1" || (dev && c.Web == "")
 }
 
 // The media stores FEED_MEDIA_STORE names.
@@ -123,6 +133,7 @@ var Variables = []Variable{
 	{"FEED_MEDIA_GRACE", "1h", "Images are kept at least this long after their last upload, and after the post that showed them was deleted; older ones no post references are removed. At least 5m."},
 	{"FEED_MEDIA_COLLECT_INTERVAL", "1h", "How often the api role removes the images no post references and compacts the media packs; 0 only on `POST /admin/media/collect`."},
 	{"FEED_MEDIA_STORE", "pack", "Where the api role keeps images: `pack` (files under FEED_DATA_DIR/media, which one process at a time opens) or `objectstore` (the JetStream Object Store bucket FEED_MEDIA, replicated like the event stream, which every API replica shares)."},
+	{"FEED_WEB", "", "The web page at `/`, a client of the public API for trying the service in a browser: unset serves it in `dev` only, `1` in `serve` too, `0` nowhere. `dev` adds its development sign-in (`POST /dev/token`, a token for any user id), which answers 403 when FEED_JWT_SECRET is set; `serve` never has it."},
 	{"FEED_NODE_ID", "0", "This process's node number in post and comment ids, 0–255: unique per API replica."},
 	{"FEED_LOG_LEVEL", "info", "debug, info, warn or error."},
 	{"FEED_LOG_FORMAT", "text", "text or json."},
@@ -210,6 +221,10 @@ func Parse(getenv func(string) string) (Config, error) {
 		MediaGrace:           duration("FEED_MEDIA_GRACE"),
 		MediaCollectInterval: duration("FEED_MEDIA_COLLECT_INTERVAL"),
 		MediaStore:           get("FEED_MEDIA_STORE"),
+		Web:                  get("FEED_WEB"),
+	}
+	if cfg.Web != "" && cfg.Web != "0" && cfg.Web != "1" {
+		errs = append(errs, fmt.Sprintf("FEED_WEB=%q is not 1 or 0", cfg.Web))
 	}
 	if get("FEED_REDIS_REPLICA_ACKS") != "" {
 		cfg.RedisReplicaAcks = integer("FEED_REDIS_REPLICA_ACKS", 0, 5)
