@@ -31,7 +31,7 @@ func runStatus(t *testing.T, env func(string) string, args ...string) statusRepo
 	require.NoError(t, run(t.Context(), append([]string{"status", "--json"}, args...), env, &out, &errOut), errOut.String())
 	var rep statusReport
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
-	require.Len(t, rep.Projectors, 2, out.String())
+	require.Len(t, rep.Projectors, 3, out.String())
 	return rep
 }
 
