@@ -262,3 +262,42 @@ func TestProjectorGivenWhenThen(t *testing.T) {
 		})
 	}
 }
+
+// TestActivityKeepsTheNewest gives alice many more items than she keeps:
+// paging shows at least the newest Keep and ends cleanly; a follow or like
+// beyond them is remembered, so repeating it makes no item, while undoing
+// and doing it again does.
+func TestActivityKeepsTheNewest(t *testing.T) {
+	pg := localstacktest.PostgresForTest(t)
+	pool := activityDB(t, pg, "keep")
+	const keep = 10
+	p := activity.NewProjector(pool, nil, activity.Config{Keep: keep})
+	evs := []events.Event{post(p1, alice), follow(bob, alice), like(bob, p1)}
+	for i := range 40 {
+		evs = append(evs, comment(int64(100+i), carol, p1))
+	}
+	recs := records(evs...)
+	for i := 0; i < len(recs); i += 7 {
+		require.NoError(t, p.Apply(context.Background(), recs[i:min(i+7, len(recs))]))
+	}
+	store := activity.NewStore(pool)
+	items := all(t, store, alice)
+	require.GreaterOrEqual(t, len(items), keep)
+	require.Less(t, len(items), 40)
+	for i, it := range items {
+		assert.Equal(t, uint64(len(recs)-i), it.ID, "the newest, in order")
+	}
+	var stored int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM items`).Scan(&stored))
+	assert.Equal(t, len(items)+2, stored, "comments beyond are gone; the follow and the like stay, unseen")
+
+	// Repeats of what is beyond make nothing; undone and done again, they are new.
+	more := append(evs, follow(bob, alice), like(bob, p1), unfollow(bob, alice), follow(bob, alice))
+	recs = records(more...)
+	require.NoError(t, p.Apply(context.Background(), recs[len(evs):len(evs)+2]))
+	assert.Equal(t, items, all(t, store, alice))
+	require.NoError(t, p.Apply(context.Background(), recs[len(evs)+2:]))
+	top := all(t, store, alice)[0]
+	assert.Equal(t, activity.KindFollow, top.Kind)
+	assert.Equal(t, uint64(len(recs)), top.ID)
+}
