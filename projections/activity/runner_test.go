@@ -44,7 +44,7 @@ func modelOf(t *testing.T, log *events.Log) *activitytest.Model {
 func matchesModel(t *testing.T, store *activity.Store, m *activitytest.Model) {
 	t.Helper()
 	total := 0
-	for u := range domain.UserID(activitytest.Users + 1) {
+	for u := domain.UserID(1); u <= activitytest.Users; u++ {
 		want := activitytest.Describe(m.Activity(u))
 		total += len(want)
 		assert.Equal(t, strings.Join(want, "\n"), strings.Join(activitytest.Describe(all(t, store, u)), "\n"), "user %d", u)
