@@ -77,8 +77,12 @@ func post(id domain.PostID, owner domain.UserID) events.PostCreated {
 		Media: []events.Media{{Key: fmt.Sprint(id, "-0.jpg"), ContentType: "image/jpeg", Width: 10, Height: 20, Size: 1},
 			{Key: fmt.Sprint(id, "-1.jpg"), ContentType: "image/jpeg", Width: 30, Height: 40, Size: 1}}}
 }
-func follow(a, b domain.UserID) events.Event   { return events.UserFollowed{FollowerID: a, FolloweeID: b} }
-func unfollow(a, b domain.UserID) events.Event { return events.UserUnfollowed{FollowerID: a, FolloweeID: b} }
+func follow(a, b domain.UserID) events.Event {
+	return events.UserFollowed{FollowerID: a, FolloweeID: b}
+}
+func unfollow(a, b domain.UserID) events.Event {
+	return events.UserUnfollowed{FollowerID: a, FolloweeID: b}
+}
 func like(u domain.UserID, p domain.PostID) events.Event {
 	return events.PostLiked{UserID: u, PostID: p}
 }
