@@ -93,6 +93,8 @@ type Deps struct {
 	FeedModel HomeFeedModel
 	// FeedPosts hydrates the home feed's pages; nil: FeedModel on every read.
 	FeedPosts FeedPosts
+	// Activity serves GET /activity; while it is nil it answers 503.
+	Activity Activity
 	// Rebuilds serves the admin rebuild routes; while it is nil they answer 503.
 	Rebuilds Rebuilds
 	// MediaCollector serves the admin route that collects unreferenced
@@ -172,6 +174,7 @@ func NewServer(deps Deps, cfg Config) *Server {
 	s.app.Get("/media/:key", cmd.serveMedia)
 	registerReads(s.app, deps, cfg)
 	registerHomeFeed(s.app, deps, cfg, deps.Registerer)
+	registerActivity(s.app, deps, cfg)
 	registerAdmin(s.app, deps)
 	return s
 }
