@@ -275,8 +275,14 @@ func (s *Streams) deliver(v *viewer, rec events.Record, items []ActivityItem) {
 		select {
 		case v.queue <- ev:
 		default:
+			// Its writer may be blocked on the connection for as long as a
+			// write may take: closing the connection frees it now.
 			s.detach(v)
 			close(v.slow)
+			s.metrics.slow.Inc()
+			if v.hangUp != nil {
+				v.hangUp()
+			}
 			return
 		}
 	}
@@ -563,7 +569,7 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 		return
 	}
 	v := &viewer{user: user, pos: from, follows: follows,
-		queue: make(chan streamEvent, s.cfg.Buffer), slow: make(chan struct{})}
+		queue: make(chan streamEvent, s.cfg.Buffer), slow: make(chan struct{}), hangUp: out.hangUp}
 	write := func(ev streamEvent) error { return s.write(ctx, out, user, ev) }
 	if err := s.join(ctx, v, write); err != nil {
 		if ctx.Err() == nil && !errors.Is(err, errStreamsClosed) {
@@ -587,7 +593,6 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 			}
 			wrote = true
 		case <-v.slow:
-			s.metrics.slow.Inc()
 			return
 		case <-idle.C:
 			if wrote {
@@ -674,6 +679,13 @@ type sseWriter struct {
 	timeout time.Duration
 	// lastID is the last id written.
 	lastID uint64
+}
+
+// hangUp closes the connection, failing a write that waits on it.
+func (o *sseWriter) hangUp() {
+	if o.conn != nil {
+		_ = o.conn.Close()
+	}
 }
 
 func (o *sseWriter) flush() error {

@@ -43,7 +43,9 @@ type viewer struct {
 	follows map[domain.UserID]struct{}
 	queue   chan streamEvent
 	// slow is closed when the dispatcher drops the viewer for a full queue.
-	slow     chan struct{}
+	slow chan struct{}
+	// hangUp closes the viewer's connection.
+	hangUp   func()
 	attached bool
 }
 
