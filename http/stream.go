@@ -533,6 +533,9 @@ func (s *Streams) handle(c *fiber.Ctx) error {
 	c.Set(fiber.HeaderCacheControl, "no-cache")
 	c.Set("X-Accel-Buffering", "no")
 	c.Set(headerPosition, events.Position(from))
+	// The connection ends with the stream: it is watched for the client
+	// leaving, which no request after it could share.
+	c.Context().SetConnectionClose()
 	conn := c.Context().Conn()
 	user := p.UserID
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -554,6 +557,7 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 		case <-ctx.Done():
 		}
 	}()
+	out.watch(cancel)
 	// The response starts at once, before any event.
 	if out.comment("ping") != nil {
 		return
@@ -679,6 +683,22 @@ type sseWriter struct {
 	timeout time.Duration
 	// lastID is the last id written.
 	lastID uint64
+}
+
+// watch calls gone when the client closes the connection (or sends
+// anything: a stream's connection carries no other request), so that a
+// stream whose client left ends at once, not at its next write.
+func (o *sseWriter) watch(gone func()) {
+	if o.conn == nil {
+		return
+	}
+	go func() {
+		// The server's read deadline, set for the request, no longer applies.
+		_ = o.conn.SetReadDeadline(time.Time{})
+		var b [1]byte
+		_, _ = o.conn.Read(b[:])
+		gone()
+	}()
 }
 
 // hangUp closes the connection, failing a write that waits on it.
