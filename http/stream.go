@@ -179,7 +179,7 @@ func (s *Streams) Run(ctx context.Context) error {
 			return s.dispatch(ctx, rec)
 		})
 		if ctx.Err() != nil {
-			return nil
+			return nil //nolint:nilerr // stopped: the read's error is the stop
 		}
 		s.logger.Warn("streams: reading the log failed; reading again", "from", from, "err", err, "after", backoff)
 		select {

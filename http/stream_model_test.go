@@ -1,6 +1,7 @@
 package http
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -244,4 +245,76 @@ func (m *model) streamStep() {
 			m.append(events.UserUnfollowed{FollowerID: a, FolloweeID: b})
 		}
 	}
+}
+
+// TestStreamThroughTwoReplicas runs two API servers on the same JetStream,
+// Redis and Postgres, each with its own streams: a stream on one announces
+// the follow and the post accepted by the other, hydrated, and the post is on
+// the viewer's home feed read with X-Min-Position at the announced id.
+func TestStreamThroughTwoReplicas(t *testing.T) {
+	w := newFeedWorld(t, feeds.Config{})
+	replica := func(node int) string {
+		log := openTestLog(t, w.js.Conn().ConnectedUrl())
+		ids, err := domain.NewIDGenerator(node)
+		require.NoError(t, err)
+		reg := prometheus.NewRegistry()
+		streams := NewStreams(StreamDeps{Log: log, Model: w.read, Posts: w.posts, Registerer: reg}, StreamConfig{})
+		deps := w.deps
+		deps.Log, deps.IDs, deps.Streams, deps.Registerer, deps.Gatherer = log, ids, streams, reg, reg
+		srv := NewServer(deps, Config{ConsistencyWait: 5 * time.Second})
+		return runStreams(t, srv, streams)
+	}
+	addrA, addrB := replica(6), replica(7)
+	viewer, author := domain.UserID(71), domain.UserID(72)
+	token := func(u domain.UserID) string {
+		tok, err := w.auth.Mint(u, false, time.Now(), time.Hour)
+		require.NoError(t, err)
+		return tok
+	}
+	send := func(addr string, req *http.Request, user domain.UserID) map[string]any {
+		req.URL.Scheme, req.URL.Host = "http", addr
+		req.Header.Set("Authorization", "Bearer "+token(user))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Less(t, resp.StatusCode, 300)
+		var body map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		return body
+	}
+
+	c := openStream(t, addrA, token(viewer), "", true)
+	require.Equal(t, http.StatusOK, c.resp.StatusCode)
+	req, err := http.NewRequest(http.MethodPost, "/users/"+author.String()+"/follow", nil)
+	require.NoError(t, err)
+	followed := send(addrB, req, viewer)
+	m := c.nextEvent(t, 10*time.Second)
+	assert.Equal(t, streamed{followed["position"].(string), "follow", author.String()}, streamed{m.id, m.event, jsonField(t, m.data, "user_id")})
+
+	ct, body := multipartBody(t, append(images(pngImage(t, 4, 4)), part{name: "caption", data: []byte("from B")})...)
+	req, err = http.NewRequest(http.MethodPost, "/posts", bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", ct)
+	posted := send(addrB, req, author)
+	m = c.nextEvent(t, 10*time.Second)
+	require.Equal(t, "post", m.event)
+	assert.Equal(t, posted["position"], m.id)
+	assert.Equal(t, posted["id"], jsonField(t, m.data, "id"))
+	assert.Equal(t, "from B", jsonField(t, m.data, "caption"))
+
+	req, err = http.NewRequest(http.MethodGet, "/feed", nil)
+	require.NoError(t, err)
+	req.Header.Set("X-Min-Position", m.id)
+	page := send(addrA, req, viewer)
+	posts := page["posts"].([]any)
+	require.NotEmpty(t, posts, "the announced post is on the feed read at its position")
+	assert.Equal(t, posted["id"], posts[0].(map[string]any)["id"])
+}
+
+func jsonField(t *testing.T, data, field string) string {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(data), &m))
+	s, _ := m[field].(string)
+	return s
 }

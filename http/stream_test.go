@@ -63,17 +63,10 @@ func (b *syncBuffer) String() string {
 
 func newStreamRig(t *testing.T, cfg StreamConfig) *streamRig {
 	t.Helper()
-	ns := localstacktest.NATSForTest(t)
-	nc, err := nats.Connect(ns.ClientURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	log, err := events.OpenLog(context.Background(), js, events.Config{}, nil)
-	require.NoError(t, err)
-	t.Cleanup(log.Close)
+	log := openTestLog(t, localstacktest.NATSForTest(t).ClientURL())
 	r := &streamRig{log: log, logs: &syncBuffer{}}
 	logger := slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var err error
 	r.auth, err = NewAuthenticator(testSecret, nil)
 	require.NoError(t, err)
 	r.ids, err = domain.NewIDGenerator(3)
@@ -86,6 +79,20 @@ func newStreamRig(t *testing.T, cfg StreamConfig) *streamRig {
 	r.srv = NewServer(Deps{Logger: logger, Registerer: reg, Gatherer: reg, Log: log, Media: pack, Auth: r.auth, IDs: r.ids, Streams: r.streams}, Config{})
 	r.addr = runStreams(t, r.srv, r.streams)
 	return r
+}
+
+// openTestLog opens the log on its own connection to the NATS server at url.
+func openTestLog(t *testing.T, url string) *events.Log {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	log, err := events.OpenLog(context.Background(), js, events.Config{}, nil)
+	require.NoError(t, err)
+	t.Cleanup(log.Close)
+	return log
 }
 
 // runStreams runs streams and serves srv on a loopback port until the test
@@ -183,7 +190,8 @@ func dialStream(addr, token, lastID string, query bool, dial func(ctx context.Co
 	if dial != nil {
 		tr.DialContext = dial
 	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
+	resp, err := (&http.Client{Transport: tr}).Do(req) //nolint:bodyclose // closed by close
+
 	if err != nil {
 		cancel()
 		return nil, err
