@@ -511,6 +511,11 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	if postCache != nil {
 		deps.FeedPosts = postCache
 	}
+	if api {
+		deps.Streams = feedhttp.NewStreams(feedhttp.StreamDeps{
+			Log: in.log, Model: readStore, Posts: deps.FeedPosts, Registerer: reg, Logger: logger,
+		}, feedhttp.StreamConfig{Window: cfg.ResumeWindow})
+	}
 	srv := feedhttp.NewServer(deps, feedhttp.Config{
 		ConsistencyWait: cfg.ConsistencyWait,
 		FeedFallbacks:   feedFallbacks(in.pg.Config().MaxConns),
@@ -544,6 +549,9 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	}
 	if pageCache != nil {
 		g.Go(func() error { return pageCache.Run(gctx) })
+	}
+	if deps.Streams != nil {
+		g.Go(func() error { return deps.Streams.Run(gctx) })
 	}
 	if collector != nil && cfg.MediaCollectInterval > 0 {
 		g.Go(func() error { return collector.Run(gctx) })

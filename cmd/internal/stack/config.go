@@ -22,6 +22,8 @@ type Config struct {
 	LogFormat       string
 	ShutdownTimeout time.Duration
 	ConsistencyWait time.Duration
+	// ResumeWindow is how far back a stream resumes (FEED_RESUME_WINDOW).
+	ResumeWindow time.Duration
 
 	NATSURL     string
 	RedisURL    string
@@ -133,6 +135,7 @@ var Variables = []Variable{
 	{"FEED_LOG_FORMAT", "text", "text or json."},
 	{"FEED_SHUTDOWN_TIMEOUT", "20s", "How long shutdown waits for in-flight work."},
 	{"FEED_CONSISTENCY_WAIT", "2s", "Longest wait of a read for X-Min-Position."},
+	{"FEED_RESUME_WINDOW", "10m", "How far back GET /stream resumes from a Last-Event-ID; an older position gets a reset."},
 	{"FEED_NATS_PORT", "4222", "Loopback client port of the NATS server started when NATS_URL is unset (so the nats CLI connects with no flags); 0 picks a free one."},
 	{"FEED_NATS_SYNC", "always", "That server's JetStream fsync policy: always (acknowledged = on disk) or an interval such as 2m."},
 	{"FEED_STREAM", "FEED_EVENTS", "Name of the event stream."},
@@ -190,6 +193,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		LogFormat:        get("FEED_LOG_FORMAT"),
 		ShutdownTimeout:  duration("FEED_SHUTDOWN_TIMEOUT"),
 		ConsistencyWait:  duration("FEED_CONSISTENCY_WAIT"),
+		ResumeWindow:     duration("FEED_RESUME_WINDOW"),
 		NodeID:           integer("FEED_NODE_ID", 0, 255),
 		NATSURL:          get("NATS_URL"),
 		RedisURL:         get("REDIS_URL"),
