@@ -98,7 +98,7 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 		nats.ReconnectBufSize(-1),
 		// A server that stops answering (frozen, or cut off without a reset)
 		// is left for another within about 6 s, not the 2-minute default.
-		nats.PingInterval(2*time.Second),
+		nats.PingInterval(2 * time.Second),
 		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
