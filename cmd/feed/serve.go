@@ -30,6 +30,7 @@ import (
 	"github.com/feedproject/feed/http/media"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/activity"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/feeds/homefeed"
@@ -95,6 +96,10 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 		// No buffering while disconnected: a command answered 503 must not be
 		// appended later when the connection comes back.
 		nats.ReconnectBufSize(-1),
+		// A server that stops answering (frozen, or cut off without a reset)
+		// is left for another within about 6 s, not the 2-minute default.
+		nats.PingInterval(2 * time.Second),
+		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				logger.Warn("nats disconnected", "err", err)
@@ -183,6 +188,9 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 	in.closers = append(in.closers, func() { _ = in.readRedis.Close() })
 
 	if err := migrations.Up(ctx, databaseURL, migrations.Schema); err != nil {
+		return nil, err
+	}
+	if err := migrations.UpActivity(ctx, databaseURL, migrations.ActivitySchema); err != nil {
 		return nil, err
 	}
 	in.databaseURL = databaseURL
@@ -385,6 +393,17 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		runners = append(runners, projections.NewRunner(in.log, readmodel.NewProjector(in.projectorPG, projMetrics),
 			projections.RunnerConfig{}, projMetrics, logger))
 	}
+	if slices.Contains(cfg.Roles, stack.RoleActivity) {
+		// A pool of its own, as the read model projector's (projectorConns).
+		pool, err := readmodel.OpenPool(ctx, in.databaseURL, migrations.ActivitySchema, projectorConns)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		runners = append(runners, projections.NewRunner(in.log,
+			activity.NewProjector(pool, projMetrics, activity.Config{Keep: cfg.ActivityKeep}),
+			projections.RunnerConfig{}, projMetrics, logger))
+	}
 	feedStore := feeds.NewStore(in.redis, feeds.Config{
 		InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
 	})
@@ -437,6 +456,15 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		}})
 	}
 	readStore := readmodel.NewStore(in.pg)
+	var activityStore *activity.Store
+	if api {
+		pool, err := readmodel.OpenPool(ctx, in.databaseURL, migrations.ActivitySchema, 0)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		activityStore = activity.NewStore(pool)
+	}
 	var postCache *readmodel.Cache
 	if cfg.PostCache > 0 {
 		postCache = readmodel.NewCache(readStore, in.log, readmodel.CacheConfig{Posts: cfg.PostCache, Likes: 5 * cfg.PostCache}, reg, logger)
@@ -474,11 +502,19 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		FeedModel:  readStore,
 		Rebuilds:   rebuilds,
 	}
+	if activityStore != nil {
+		deps.Activity = activityStore
+	}
 	if collector != nil {
 		deps.MediaCollector = collector
 	}
 	if postCache != nil {
 		deps.FeedPosts = postCache
+	}
+	if api {
+		deps.Streams = feedhttp.NewStreams(feedhttp.StreamDeps{
+			Log: in.log, Model: readStore, Posts: deps.FeedPosts, Registerer: reg, Logger: logger,
+		}, feedhttp.StreamConfig{Window: cfg.ResumeWindow})
 	}
 	srv := feedhttp.NewServer(deps, feedhttp.Config{
 		ConsistencyWait: cfg.ConsistencyWait,
@@ -516,6 +552,9 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	}
 	if pageCache != nil {
 		g.Go(func() error { return pageCache.Run(gctx) })
+	}
+	if deps.Streams != nil {
+		g.Go(func() error { return deps.Streams.Run(gctx) })
 	}
 	if collector != nil && cfg.MediaCollectInterval > 0 {
 		g.Go(func() error { return collector.Run(gctx) })

@@ -22,6 +22,8 @@ type Config struct {
 	LogFormat       string
 	ShutdownTimeout time.Duration
 	ConsistencyWait time.Duration
+	// ResumeWindow is how far back a stream resumes (FEED_RESUME_WINDOW).
+	ResumeWindow time.Duration
 
 	NATSURL     string
 	RedisURL    string
@@ -49,7 +51,10 @@ type Config struct {
 	PageCache int
 	// MaintenanceRate is the inboxes checked per second (FEED_MAINTENANCE_RATE).
 	MaintenanceRate int
-	InboxTTL        time.Duration
+	// ActivityKeep is how many items a user's activity keeps at least
+	// (FEED_ACTIVITY_KEEP).
+	ActivityKeep int
+	InboxTTL     time.Duration
 
 	// MediaGrace is how long an image is kept after its last upload and
 	// after the deletion of the post that showed it (FEED_MEDIA_GRACE).
@@ -107,9 +112,10 @@ const (
 	RoleReadModel = "readmodel" // the Postgres read model projector
 	RolePlanner   = "planner"   // the feed projector's first stage
 	RoleAppliers  = "appliers"  // the feed projector's second stage (all partitions)
+	RoleActivity  = "activity"  // the activity projector (Postgres)
 )
 
-var knownRoles = []string{RoleAPI, RoleReadModel, RolePlanner, RoleAppliers}
+var knownRoles = []string{RoleAPI, RoleReadModel, RolePlanner, RoleAppliers, RoleActivity}
 
 // Variable is one documented environment variable.
 type Variable struct {
@@ -121,7 +127,7 @@ var Variables = []Variable{
 	{"FEED_HTTP_ADDR", ":8080", "HTTP listen address."},
 	{"FEED_DATA_DIR", ".data", "Data directory: the NATS store (when NATS_URL is unset), media, and in dev mode Redis and Postgres data."},
 	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 16 bytes; required by `serve`. `dev` and `token` use a fixed development secret when it is unset."},
-	{"FEED_ROLES", "api,readmodel,planner,appliers", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector), `planner` and `appliers` (the two stages of the Redis feed projector). Run each projector role in one process at a time."},
+	{"FEED_ROLES", "api,readmodel,planner,appliers,activity", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector), `planner` and `appliers` (the two stages of the Redis feed projector), `activity` (the activity projector, Postgres). Run each projector role in one process at a time."},
 	{"FEED_INBOX_CAP", "500", "Posts kept per home feed inbox in Redis: the newest, and up to 100 more before a trim."},
 	{"FEED_OUTBOX_CAP", "500", "Posts kept per author outbox in Redis."},
 	{"FEED_INBOX_TTL", "168h", "Inboxes of users who have not read their feed for this long expire and stop receiving pushes."},
@@ -129,6 +135,7 @@ var Variables = []Variable{
 	{"FEED_PARTITIONS", "4", "Applier partitions of the feed projector (by recipient)."},
 	{"FEED_POST_CACHE", "100000", "Hydrated posts the API keeps in memory for GET /feed (about 1 KiB each), kept current by following the log; 0 hydrates every page from Postgres."},
 	{"FEED_PAGE_CACHE", "50000", "Home feed pages the API keeps in memory (about 400 bytes each), kept current by Redis's client-side caching invalidations; 0 reads every page from Redis."},
+	{"FEED_ACTIVITY_KEEP", "1000", "Items of a user's activity kept at least: the newest; older ones are trimmed once a tenth as many more have come."},
 	{"FEED_MAINTENANCE_RATE", "2", "Inboxes the maintenance round checks per second (each check reads every followee's outbox and holds the feed planner meanwhile)."},
 	{"FEED_MEDIA_GRACE", "1h", "Images are kept at least this long after their last upload, and after the post that showed them was deleted; older ones no post references are removed. At least 5m."},
 	{"FEED_MEDIA_COLLECT_INTERVAL", "1h", "How often the api role removes the images no post references and compacts the media packs; 0 only on `POST /admin/media/collect`."},
@@ -139,6 +146,7 @@ var Variables = []Variable{
 	{"FEED_LOG_FORMAT", "text", "text or json."},
 	{"FEED_SHUTDOWN_TIMEOUT", "20s", "How long shutdown waits for in-flight work."},
 	{"FEED_CONSISTENCY_WAIT", "2s", "Longest wait of a read for X-Min-Position."},
+	{"FEED_RESUME_WINDOW", "10m", "How far back GET /stream resumes from a Last-Event-ID; an older position gets a reset."},
 	{"FEED_NATS_PORT", "4222", "Loopback client port of the NATS server started when NATS_URL is unset (so the nats CLI connects with no flags); 0 picks a free one."},
 	{"FEED_NATS_SYNC", "always", "That server's JetStream fsync policy: always (acknowledged = on disk) or an interval such as 2m."},
 	{"FEED_STREAM", "FEED_EVENTS", "Name of the event stream."},
@@ -196,6 +204,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		LogFormat:        get("FEED_LOG_FORMAT"),
 		ShutdownTimeout:  duration("FEED_SHUTDOWN_TIMEOUT"),
 		ConsistencyWait:  duration("FEED_CONSISTENCY_WAIT"),
+		ResumeWindow:     duration("FEED_RESUME_WINDOW"),
 		NodeID:           integer("FEED_NODE_ID", 0, 255),
 		NATSURL:          get("NATS_URL"),
 		RedisURL:         get("REDIS_URL"),
@@ -217,6 +226,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		PostCache:        integer("FEED_POST_CACHE", 0, 10_000_000),
 		PageCache:        integer("FEED_PAGE_CACHE", 0, 10_000_000),
 		MaintenanceRate:  integer("FEED_MAINTENANCE_RATE", 1, 100_000),
+		ActivityKeep:     integer("FEED_ACTIVITY_KEEP", 10, 1_000_000),
 
 		MediaGrace:           duration("FEED_MEDIA_GRACE"),
 		MediaCollectInterval: duration("FEED_MEDIA_COLLECT_INTERVAL"),

@@ -3,10 +3,8 @@ package localstacktest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,9 +34,6 @@ type RedisCluster struct {
 // test, long enough that a busy shared machine does not fail nodes over.
 const clusterNodeTimeout = 2 * time.Second
 
-// clusterSlots splits the 16384 hash slots among the three masters.
-var clusterSlots = [3][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
-
 // RedisClusterForTest starts a Redis Cluster of three masters and three
 // replicas on random loopback ports and waits until it serves every slot
 // and every replica is in sync; Cleanup stops it and removes its
@@ -63,34 +58,27 @@ func RedisClusterForTest(tb testing.TB) *RedisCluster {
 	if err := errors.Join(errs...); err != nil {
 		tb.Fatalf("localstack: redis cluster: %v", err)
 	}
-	if err := c.create(ctx); err != nil {
+	if err := localstack.FormRedisCluster(ctx, c.addrs()); err != nil {
 		tb.Fatalf("localstack: create redis cluster: %v", err)
 	}
 	return c
 }
 
 // URL is the cluster's REDIS_URL: its first node, the others as seeds.
-func (c *RedisCluster) URL() string {
-	var b strings.Builder
-	b.WriteString("redis://" + c.Nodes[0].Addr())
-	for i, n := range c.Nodes[1:] {
-		if i == 0 {
-			b.WriteString("?")
-		} else {
-			b.WriteString("&")
-		}
-		b.WriteString("addr=" + n.Addr())
+func (c *RedisCluster) URL() string { return localstack.RedisClusterURL(c.addrs()) }
+
+func (c *RedisCluster) addrs() []string {
+	addrs := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		addrs[i] = n.Addr()
 	}
-	return b.String()
+	return addrs
 }
 
 // Client returns a client of the cluster; Cleanup closes it.
 func (c *RedisCluster) Client(tb testing.TB) *redis.ClusterClient {
 	tb.Helper()
-	addrs := make([]string, len(c.Nodes))
-	for i, n := range c.Nodes {
-		addrs[i] = n.Addr()
-	}
+	addrs := c.addrs()
 	// Slots reloaded every second, as the service's client does: a dead
 	// master answers no MOVED.
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ClusterStateReloadInterval: time.Second})
@@ -152,129 +140,12 @@ func (c *RedisCluster) Kill(i int) {
 // its slots as far as the others know).
 func (c *RedisCluster) WaitHealthy(ctx context.Context) error {
 	c.mu.Lock()
-	dead := map[string]bool{}
+	var dead []string
 	for i := range c.killed {
-		dead[c.Nodes[i].Addr()] = true
+		dead = append(dead, c.Nodes[i].Addr())
 	}
 	c.mu.Unlock()
-	return c.each(ctx, func(ctx context.Context, i int, rdb *redis.Client) error {
-		return poll(ctx, "node "+strconv.Itoa(i)+" to hold the cluster ok", func() (bool, error) {
-			info, err := rdb.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				return false, err
-			}
-			nodes, err := rdb.ClusterNodes(ctx).Result()
-			if err != nil {
-				return false, err
-			}
-			for line := range strings.Lines(nodes) {
-				// <id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slot>...
-				f := strings.Fields(line)
-				if len(f) > 8 && dead[strings.SplitN(f[1], "@", 2)[0]] {
-					return false, nil
-				}
-			}
-			return true, nil
-		})
-	})
-}
-
-// create assigns the slots, joins the nodes and makes the replicas, as
-// `redis-cli --cluster create --cluster-replicas 1` does, and waits until
-// the cluster is whole.
-func (c *RedisCluster) create(ctx context.Context) error {
-	ids := make([]string, len(c.Nodes))
-	err := c.each(ctx, func(ctx context.Context, i int, rdb *redis.Client) error {
-		var err error
-		if ids[i], err = rdb.ClusterMyID(ctx).Result(); err != nil {
-			return err
-		}
-		// Distinct epochs, so that no collision has to be resolved first.
-		if err := rdb.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", i+1).Err(); err != nil {
-			return err
-		}
-		if i < len(clusterSlots) {
-			return rdb.ClusterAddSlotsRange(ctx, clusterSlots[i][0], clusterSlots[i][1]).Err()
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	first := c.Nodes[0]
-	err = c.each(ctx, func(ctx context.Context, i int, rdb *redis.Client) error {
-		if i > 0 {
-			if err := rdb.ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(first.Port())).Err(); err != nil {
-				return err
-			}
-		}
-		return poll(ctx, "node "+strconv.Itoa(i)+" to know every node", func() (bool, error) {
-			nodes, err := rdb.ClusterNodes(ctx).Result()
-			return strings.Count(nodes, "\n") == len(c.Nodes) && !strings.Contains(nodes, "handshake"), err
-		})
-	})
-	if err != nil {
-		return err
-	}
-	err = c.each(ctx, func(ctx context.Context, i int, rdb *redis.Client) error {
-		if i < len(clusterSlots) {
-			return nil
-		}
-		if err := rdb.ClusterReplicate(ctx, ids[i-len(clusterSlots)]).Err(); err != nil {
-			return err
-		}
-		return poll(ctx, "replica "+strconv.Itoa(i)+" to be in sync", func() (bool, error) {
-			info, err := rdb.Info(ctx, "replication").Result()
-			return strings.Contains(info, "master_link_status:up"), err
-		})
-	})
-	if err != nil {
-		return err
-	}
-	return c.WaitHealthy(ctx)
-}
-
-// each runs fn on a client of every live node at once.
-func (c *RedisCluster) each(ctx context.Context, fn func(context.Context, int, *redis.Client) error) error {
-	errs := make([]error, len(c.Nodes))
-	var wg sync.WaitGroup
-	for i, n := range c.Nodes {
-		c.mu.Lock()
-		killed := c.killed[i]
-		c.mu.Unlock()
-		if killed {
-			continue
-		}
-		wg.Go(func() {
-			rdb := redis.NewClient(&redis.Options{Addr: n.Addr()})
-			defer rdb.Close()
-			if err := fn(ctx, i, rdb); err != nil {
-				errs[i] = fmt.Errorf("node %d (%s): %w", i, n.Addr(), err)
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// poll calls done every 50 ms until it reports true, or fails with its last
-// error once ctx ends.
-func poll(ctx context.Context, what string, done func() (bool, error)) error {
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	var last error
-	for {
-		ok, err := done()
-		if ok && err == nil {
-			return nil
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), last)
-		case <-tick.C:
-		}
-	}
+	return localstack.WaitRedisClusterHealthy(ctx, c.addrs(), dead)
 }
 
 // RedisClientForTest starts a Redis of its own for the test and returns a
