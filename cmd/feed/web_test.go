@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -90,11 +91,15 @@ func TestWebPageInChromium(t *testing.T) {
 	tokenB := devToken(t, base, userB)
 	streamServed := routeServed(t, base, "/stream?access_token="+url.QueryEscape(tokenB), "")
 	activityServed := routeServed(t, base, "/activity", tokenB)
+	activityLive := streamServed && activityServed && streamSendsActivity(t, base)
 	if !streamServed {
 		t.Log("GET /stream is not served: the page is reloaded where it would be told of new and deleted posts")
 	}
 	if !activityServed {
 		t.Log("GET /activity is not served: the activity steps are skipped")
+	}
+	if streamServed && activityServed && !activityLive {
+		t.Log("GET /stream sends no activity events: B's activity tab is reloaded where it would be told")
 	}
 
 	// B's older posts, made through the API before A follows B.
@@ -244,8 +249,13 @@ func TestWebPageInChromium(t *testing.T) {
 	assert.Greater(t, fromPostgres(), pagesBefore, "pages of A's feed came from Postgres")
 
 	if activityServed {
-		step("B watches the activity tab", func() error {
-			return b.do(chromedp.Click(chromedp.CSS(`#nav [data-nav="activity"]`)), chromedp.WaitVisible(chromedp.ID("activity-empty")))
+		step("B watches the activity tab, where A's follow is", func() error {
+			if err := b.do(chromedp.Click(chromedp.CSS(`#nav [data-nav="activity"]`))); err != nil {
+				return err
+			}
+			_, err := b.waitFor(fmt.Sprintf(`(items => items.length === 1 && items[0].dataset.type === 'follow' &&
+				items[0].textContent.includes('User %s followed you'))([...document.querySelectorAll('#activity li')])`, userA))
+			return err
 		})
 	}
 
@@ -272,13 +282,14 @@ func TestWebPageInChromium(t *testing.T) {
 
 	if activityServed {
 		step("B sees A's like and comment in activity", func() error {
-			if !streamServed {
+			if !activityLive {
 				if err := b.do(chromedp.Reload()); err != nil {
 					return err
 				}
 			}
-			_, err := b.waitFor(fmt.Sprintf(`(items => items.some(i => i.dataset.type === 'like' && i.textContent.includes('User %[1]s')) &&
-				items.some(i => i.dataset.type === 'comment' && i.textContent.includes('Lovely light')))([...document.querySelectorAll('#activity li')])`, userA))
+			_, err := b.waitFor(fmt.Sprintf(`(items => items.length === 3 &&
+				items.some(i => i.dataset.type === 'like' && i.textContent.includes('User %[1]s liked your post')) &&
+				items.some(i => i.dataset.type === 'comment' && i.textContent.includes('User %[1]s commented on your post: Lovely light')))([...document.querySelectorAll('#activity li')])`, userA))
 			return err
 		})
 	}
@@ -554,6 +565,39 @@ func routeServed(t *testing.T, base, path, token string) bool {
 	require.NoError(t, err)
 	resp.Body.Close() // a stream ends here
 	return resp.StatusCode != http.StatusNotFound
+}
+
+// streamSendsActivity reports whether GET /stream announces activity: a
+// follow between two users of its own, announced to the one followed within
+// 5 s.
+func streamSendsActivity(t *testing.T, base string) bool {
+	t.Helper()
+	followed, follower := devToken(t, base, "9002"), devToken(t, base, "9001")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/stream", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+followed)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	follow, err := http.NewRequest(http.MethodPost, base+"/users/9002/follow", nil)
+	require.NoError(t, err)
+	follow.Header.Set("Authorization", "Bearer "+follower)
+	fresp, err := http.DefaultClient.Do(follow)
+	require.NoError(t, err)
+	fresp.Body.Close()
+	require.Equal(t, http.StatusAccepted, fresp.StatusCode)
+
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if sc.Text() == "event: activity" {
+			return true
+		}
+	}
+	return false // the 5 s are up
 }
 
 // postImages sends POST /posts with images named image-N.png, or with the one

@@ -794,7 +794,12 @@ function activityText(item) {
 }
 
 function activityItem(item) {
-  return h('li', { dataset: { activityId: item.id, type: item.type } }, activityText(item), ' ', timeEl(item.created_at));
+  const thumb = item.thumbnail && item.post_id
+    ? h('a', { href: `#/posts/${item.post_id}`, tabindex: '-1', 'aria-hidden': 'true' },
+      h('img', { class: 'thumb', src: item.thumbnail.url, alt: '', loading: 'lazy' }))
+    : null;
+  return h('li', { dataset: { activityId: item.id, type: item.type } },
+    h('span', {}, activityText(item), ' ', timeEl(item.created_at)), thumb);
 }
 
 function viewActivity() {
