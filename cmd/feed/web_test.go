@@ -523,15 +523,29 @@ func writeFile(t *testing.T, name string, data []byte) string {
 	return p
 }
 
-// testImage is a PNG of w×h, a gradient of a hue that seed picks.
+// testImage is a PNG of w×h: a sky of two colours that seed picks, with a sun.
 func testImage(t *testing.T, seed, w, h int) []byte {
 	t.Helper()
+	skies := [][2]color.RGBA{
+		{{255, 183, 94, 255}, {237, 100, 166, 255}},
+		{{58, 123, 213, 255}, {0, 210, 255, 255}},
+		{{17, 153, 142, 255}, {56, 239, 125, 255}},
+		{{142, 45, 226, 255}, {74, 0, 224, 255}},
+		{{252, 74, 26, 255}, {247, 183, 51, 255}},
+		{{40, 60, 134, 255}, {69, 162, 71, 255}},
+	}
+	sky := skies[seed%len(skies)]
+	mix := func(a, b uint8, f float64) uint8 { return uint8(float64(a)*(1-f) + float64(b)*f) }
+	sunX, sunY, sunR := float64(w)*(0.25+0.1*float64(seed%5)), float64(h)*0.4, float64(min(w, h))/6
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
-	r0, g0, b0 := uint8(seed*67), uint8(seed*131+80), uint8(seed*29+160)
 	for y := range h {
 		for x := range w {
-			f := float64(x+y) / float64(w+h)
-			img.Set(x, y, color.RGBA{r0 + uint8(f*90), g0 - uint8(f*60), b0 + uint8(f*40), 255})
+			f := float64(y) / float64(h)
+			c := color.RGBA{mix(sky[0].R, sky[1].R, f), mix(sky[0].G, sky[1].G, f), mix(sky[0].B, sky[1].B, f), 255}
+			if dx, dy := float64(x)-sunX, float64(y)-sunY; dx*dx+dy*dy < sunR*sunR {
+				c = color.RGBA{mix(c.R, 255, .7), mix(c.G, 250, .7), mix(c.B, 220, .7), 255}
+			}
+			img.Set(x, y, c)
 		}
 	}
 	var buf bytes.Buffer
