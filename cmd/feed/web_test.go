@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	cdplog "github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
@@ -115,21 +116,35 @@ func TestWebPageInChromium(t *testing.T) {
 	step := br.stepper(t)
 
 	step("A signs in with the keyboard", func() error {
-		return a.do(
+		if err := a.do(
 			chromedp.Navigate(base+"/"),
 			chromedp.WaitVisible(chromedp.ID("dev-user")),
+		); err != nil {
+			return err
+		}
+		if err := a.accessible(); err != nil {
+			return err
+		}
+		return a.do(
 			chromedp.SendKeys(chromedp.ID("dev-user"), userA+"\n"),
 			chromedp.WaitVisible(chromedp.ID("feed-empty")),
 		)
 	})
 
-	step("A opens B's profile and follows B", func() error {
-		return a.do(
+	step("A opens B's profile, follows B, and is among B's followers", func() error {
+		if err := a.do(
 			chromedp.SendKeys(chromedp.ID("find-user"), userB+"\n"),
 			chromedp.WaitVisible(chromedp.CSS(`#follow[aria-pressed="false"]:enabled`)),
 			chromedp.Click(chromedp.ID("follow")),
 			chromedp.WaitVisible(chromedp.CSS(`#follow[aria-pressed="true"]`)),
-		)
+			chromedp.Click(chromedp.CSS(fmt.Sprintf(`a[href="#/users/%s/followers"]`, userB))),
+		); err != nil {
+			return err
+		}
+		if _, err := a.waitFor(fmt.Sprintf(`[...document.querySelectorAll('#followers li')].map(l => l.textContent).join() === 'User %s'`, userA)); err != nil {
+			return err
+		}
+		return a.accessible()
 	})
 
 	step("A's home feed has B's posts at once (read-your-writes)", func() error {
@@ -145,7 +160,7 @@ func TestWebPageInChromium(t *testing.T) {
 	})
 
 	var newPost string
-	step("B signs in and sees the API's errors for a file that is not an image and for 11 images", func() error {
+	step("B signs in and sees the API's errors: not an image, too large, too many", func() error {
 		if err := b.do(
 			chromedp.Navigate(base+"/"),
 			chromedp.WaitVisible(chromedp.ID("dev-user")),
@@ -156,29 +171,43 @@ func TestWebPageInChromium(t *testing.T) {
 		); err != nil {
 			return err
 		}
-		notImage := writeFile(t, "notes.txt", []byte("plain text, not an image\n"))
-		if err := b.do(chromedp.SetUploadFiles(chromedp.ID("images"), []string{notImage}), chromedp.Click(chromedp.ID("publish"))); err != nil {
+		if err := b.accessible(); err != nil {
 			return err
 		}
-		if err := b.expectError("compose-error", apiError(t, base, tokenB, "notes.txt", []byte("plain text, not an image\n"))); err != nil {
-			return err
-		}
-		var eleven []string
+		text := []byte("plain text, not an image\n")
+		large := append([]byte("\x89PNG\r\n\x1a\n"), make([]byte, 5<<20)...)
+		var eleven [][]byte
+		var elevenNames []string
 		for i := range 11 {
-			eleven = append(eleven, writeFile(t, fmt.Sprintf("eleven-%d.png", i), testImage(t, i, 8, 8)))
+			eleven = append(eleven, testImage(t, i, 8, 8))
+			elevenNames = append(elevenNames, fmt.Sprintf("eleven-%d.png", i))
 		}
-		if err := b.do(
-			chromedp.Click(chromedp.CSS(`#previews button`)), // removes notes.txt
-			chromedp.SetUploadFiles(chromedp.ID("images"), eleven),
-			chromedp.Click(chromedp.ID("publish")),
-		); err != nil {
-			return err
+		for _, c := range []struct {
+			status int
+			names  []string
+			files  [][]byte
+		}{
+			{http.StatusUnsupportedMediaType, []string{"notes.txt"}, [][]byte{text}},
+			{http.StatusRequestEntityTooLarge, []string{"large.png"}, [][]byte{large}},
+			{http.StatusBadRequest, elevenNames, eleven},
+		} {
+			var paths []string
+			for i, name := range c.names {
+				paths = append(paths, writeFile(t, name, c.files[i]))
+			}
+			if err := b.do(
+				chromedp.Reload(), // a new form
+				chromedp.WaitVisible(chromedp.ID("images")),
+				chromedp.SetUploadFiles(chromedp.ID("images"), paths),
+				chromedp.Click(chromedp.ID("publish")),
+			); err != nil {
+				return err
+			}
+			if err := b.expectError("compose-error", apiError(t, base, tokenB, c.status, c.names, c.files)); err != nil {
+				return fmt.Errorf("%d: %w", c.status, err)
+			}
 		}
-		var images [][]byte
-		for i := range 11 {
-			images = append(images, testImage(t, i, 8, 8))
-		}
-		return b.expectError("compose-error", apiErrorImages(t, base, tokenB, images))
+		return nil
 	})
 
 	step("B publishes a post of two images, previewed first", func() error {
@@ -205,6 +234,20 @@ func TestWebPageInChromium(t *testing.T) {
 			[...document.querySelectorAll('.post-page .media img')].every(i => i.complete && i.naturalWidth === 480) &&
 			document.querySelector('.post-page').dataset.postId`)
 		newPost = id
+		return err
+	})
+
+	step("B edits the caption", func() error {
+		if err := b.do(
+			chromedp.Click(chromedp.ID("edit")),
+			chromedp.WaitVisible(chromedp.ID("edit-caption")),
+			chromedp.SendKeys(chromedp.ID("edit-caption"), ", at dawn and at dusk"),
+			chromedp.Click(chromedp.CSS(`#edit-form button[type="submit"]`)),
+		); err != nil {
+			return err
+		}
+		_, err := b.waitFor(`document.getElementById('post-caption')?.textContent === 'Two images from B, at dawn and at dusk' &&
+			document.getElementById('edited').textContent === '(edited)'`)
 		return err
 	})
 
@@ -235,6 +278,9 @@ func TestWebPageInChromium(t *testing.T) {
 
 	fromPostgres := func() float64 { return homePages(t, base, "postgres") + homePages(t, base, "mixed") }
 	pagesBefore := fromPostgres()
+	if err := a.accessible(); err != nil {
+		t.Error(err)
+	}
 	step("A scrolls B's older posts past the cache into Postgres, to the end", func() error {
 		ids, err := a.waitFor(`(() => {
 			window.scrollTo(0, document.body.scrollHeight);
@@ -253,9 +299,11 @@ func TestWebPageInChromium(t *testing.T) {
 			if err := b.do(chromedp.Click(chromedp.CSS(`#nav [data-nav="activity"]`))); err != nil {
 				return err
 			}
-			_, err := b.waitFor(fmt.Sprintf(`(items => items.length === 1 && items[0].dataset.type === 'follow' &&
-				items[0].textContent.includes('User %s followed you'))([...document.querySelectorAll('#activity li')])`, userA))
-			return err
+			if _, err := b.waitFor(fmt.Sprintf(`(items => items.length === 1 && items[0].dataset.type === 'follow' &&
+				items[0].textContent.includes('User %s followed you'))([...document.querySelectorAll('#activity li')])`, userA)); err != nil {
+				return err
+			}
+			return b.accessible()
 		})
 	}
 
@@ -276,8 +324,10 @@ func TestWebPageInChromium(t *testing.T) {
 		if err := a.do(chromedp.SendKeys(chromedp.ID("comment-text"), "Lovely light"), chromedp.Click(chromedp.CSS(`#comment-form button[type="submit"]`))); err != nil {
 			return err
 		}
-		_, err = a.waitFor(`[...document.querySelectorAll('#comments .comment-text')].some(c => c.textContent === 'Lovely light')`)
-		return err
+		if _, err = a.waitFor(`[...document.querySelectorAll('#comments .comment-text')].some(c => c.textContent === 'Lovely light')`); err != nil {
+			return err
+		}
+		return a.accessible()
 	})
 
 	if activityServed {
@@ -339,11 +389,12 @@ func TestWebPageInChromium(t *testing.T) {
 // browser is headless Chromium with a browser context for each user, which
 // records every request the page makes and every uncaught exception.
 type browser struct {
-	ctx   context.Context
-	mu    sync.Mutex
-	urls  []string
-	fails []string
-	users []*browserUser
+	ctx     context.Context
+	mu      sync.Mutex
+	urls    []string
+	blocked []string
+	fails   []string
+	users   []*browserUser
 }
 
 type browserUser struct {
@@ -380,6 +431,12 @@ func (br *browser) user(t *testing.T, name, base string) *browserUser {
 		switch ev := ev.(type) {
 		case *network.EventRequestWillBeSent:
 			br.urls = append(br.urls, ev.Request.URL)
+		case *cdplog.EventEntryAdded:
+			// The content security policy stops a request outside the
+			// service before it is sent, and says so here.
+			if ev.Entry.Source == cdplog.EntrySourceSecurity {
+				br.blocked = append(br.blocked, fmt.Sprintf("%s: %s", name, ev.Entry.Text))
+			}
 		case *runtime.EventExceptionThrown:
 			d := ev.ExceptionDetails
 			what := d.Text
@@ -429,6 +486,37 @@ func (u *browserUser) waitFor(expr string) (string, error) {
 		return strings.Join(s, ","), nil
 	}
 	return fmt.Sprint(v), nil
+}
+
+// accessible checks the page shown: every form control has a label, every
+// image an alt text (empty for decoration), every button and link a name,
+// and there is one h1.
+func (u *browserUser) accessible() error {
+	ctx, cancel := context.WithTimeout(u.ctx, stepTimeout)
+	defer cancel()
+	problems, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => {
+		const out = [];
+		const show = (el) => el.outerHTML.slice(0, 100);
+		const hidden = (el) => el.closest('[hidden], [aria-hidden="true"]');
+		for (const el of document.querySelectorAll('input, textarea, select')) {
+			if (!hidden(el) && el.labels.length === 0 && !el.getAttribute('aria-label')) out.push('no label: ' + show(el));
+		}
+		for (const el of document.querySelectorAll('img')) {
+			if (!el.hasAttribute('alt')) out.push('no alt: ' + show(el));
+		}
+		for (const el of document.querySelectorAll('button, a[href]')) {
+			if (!hidden(el) && !(el.getAttribute('aria-label') || el.textContent).trim()) out.push('no name: ' + show(el));
+		}
+		if (document.querySelectorAll('h1').length !== 1) out.push('not one h1');
+		return out;
+	})()`))
+	if err != nil {
+		return err
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s's page %s", u.name, strings.Join(problems, "; "))
+	}
+	return nil
 }
 
 // expectError waits for the error element id to say what the service said.
@@ -488,6 +576,7 @@ func (br *browser) checkRequests(t *testing.T, base string) {
 			t.Errorf("the page requested %s, outside the service %s", u, base)
 		}
 	}
+	assert.Empty(t, br.blocked, "requests the page tried, which its content security policy stopped")
 	assert.Empty(t, br.fails, "uncaught exceptions in the page")
 }
 
@@ -614,19 +703,15 @@ func streamSendsActivity(t *testing.T, base string) bool {
 	return false // the 5 s are up
 }
 
-// postImages sends POST /posts with images named image-N.png, or with the one
-// file name; it returns the status and the decoded answer.
-func postImages(t *testing.T, base, token, caption string, images [][]byte, name string) (int, map[string]any) {
+// postImages sends POST /posts with images named image-N.png; it returns the
+// status and the decoded answer.
+func postImages(t *testing.T, base, token, caption string, images [][]byte) (int, map[string]any) {
 	t.Helper()
 	var buf bytes.Buffer
 	mw := multipart.NewWriter(&buf)
 	require.NoError(t, mw.WriteField("caption", caption))
 	for i, img := range images {
-		n := name
-		if n == "" {
-			n = "image-" + strconv.Itoa(i) + ".png"
-		}
-		w, err := mw.CreateFormFile("images", n)
+		w, err := mw.CreateFormFile("images", "image-"+strconv.Itoa(i)+".png")
 		require.NoError(t, err)
 		_, _ = w.Write(img)
 	}
@@ -647,23 +732,32 @@ func postImages(t *testing.T, base, token, caption string, images [][]byte, name
 
 func createCaptioned(t *testing.T, base, token, caption string, images ...[]byte) string {
 	t.Helper()
-	status, body := postImages(t, base, token, caption, images, "")
+	status, body := postImages(t, base, token, caption, images)
 	require.Equal(t, http.StatusAccepted, status, "%v", body)
 	return body["id"].(string)
 }
 
-// apiError is the message of the service's error for a post of one file.
-func apiError(t *testing.T, base, token, name string, data []byte) string {
+// apiError is the message of the service's error, of status, for a post of
+// images with their names.
+func apiError(t *testing.T, base, token string, status int, names []string, images [][]byte) string {
 	t.Helper()
-	status, body := postImages(t, base, token, "", [][]byte{data}, name)
-	require.Equal(t, http.StatusUnsupportedMediaType, status, "%v", body)
-	return body["error"].(map[string]any)["message"].(string)
-}
-
-// apiErrorImages is the message of the service's error for a post of images.
-func apiErrorImages(t *testing.T, base, token string, images [][]byte) string {
-	t.Helper()
-	status, body := postImages(t, base, token, "", images, "")
-	require.Equal(t, http.StatusBadRequest, status, "%v", body)
-	return body["error"].(map[string]any)["message"].(string)
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	for i, img := range images {
+		w, err := mw.CreateFormFile("images", names[i])
+		require.NoError(t, err)
+		_, _ = w.Write(img)
+	}
+	require.NoError(t, mw.Close())
+	req, err := http.NewRequest(http.MethodPost, base+"/posts", &buf)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var body struct{ Error struct{ Message string } }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	require.Equal(t, status, resp.StatusCode, "%v", body)
+	return body.Error.Message
 }
