@@ -346,6 +346,27 @@ func TestWebPageInChromium(t *testing.T) {
 		return err
 	})
 
+	step("A unfollows B from B's profile, and B's posts leave A's feed", func() error {
+		return a.do(
+			chromedp.Click(chromedp.CSS(`#feed article header a`)),
+			chromedp.WaitVisible(chromedp.CSS(`#follow[aria-pressed="true"]:enabled`)),
+			chromedp.Click(chromedp.ID("follow")),
+			chromedp.WaitVisible(chromedp.CSS(`#follow[aria-pressed="false"]`)),
+			chromedp.Click(chromedp.CSS(`#nav [data-nav="home"]`)),
+			chromedp.WaitVisible(chromedp.ID("feed-empty")),
+		)
+	})
+
+	step("A signs out, and in again with a token", func() error {
+		return a.do(
+			chromedp.Click(chromedp.ID("sign-out")),
+			chromedp.WaitVisible(chromedp.ID("token")),
+			chromedp.SendKeys(chromedp.ID("token"), devToken(t, base, userA)),
+			chromedp.Click(chromedp.CSS(`#token-sign-in button[type="submit"]`)),
+			chromedp.WaitVisible(chromedp.ID("feed-empty")),
+		)
+	})
+
 	br.checkRequests(t, base)
 }
 
