@@ -62,10 +62,10 @@ func (r *runner) setup(ctx context.Context, rng *rand.Rand) error {
 
 // mark reads the stores' sizes now.
 func (r *runner) mark(ctx context.Context) Mark {
-	m := Mark{Position: r.maxPosition.Load(), RedisMemory: -1, PostgresSize: -1}
-	if r.target.RedisMemory != nil {
-		if v, err := r.target.RedisMemory(ctx); err == nil {
-			m.RedisMemory = v
+	m := Mark{Position: r.maxPosition.Load(), RedisData: -1, PostgresSize: -1}
+	if r.target.RedisData != nil {
+		if v, err := r.target.RedisData(ctx); err == nil {
+			m.RedisData = v
 		}
 	}
 	if r.target.PostgresSize != nil {

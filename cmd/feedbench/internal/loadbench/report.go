@@ -41,9 +41,9 @@ type Report struct {
 type Mark struct {
 	// Position is the highest log position a command was answered with.
 	Position uint64
-	// RedisMemory is Redis' used_memory and PostgresSize the database's
-	// size, in bytes; -1 unknown.
-	RedisMemory, PostgresSize int64
+	// RedisData is Redis' used_memory without its clients' buffers and
+	// PostgresSize the database's size, in bytes; -1 unknown.
+	RedisData, PostgresSize int64
 }
 
 // ScaleSummary is what a unit of work costs, the figures that should stay the
@@ -543,7 +543,7 @@ func (r *Report) fanoutSummary() FanoutSummary {
 
 func (r *Report) scaleSummary() ScaleSummary {
 	sc := ScaleSummary{RedisPerUser: -1, PostgresPerEvent: -1}
-	if b, m := r.BeforeGraph.RedisMemory, r.Materialised.RedisMemory; b >= 0 && m >= 0 && r.Config.Users > 0 {
+	if b, m := r.BeforeGraph.RedisData, r.Materialised.RedisData; b >= 0 && m >= 0 && r.Config.Users > 0 {
 		sc.RedisPerUser = float64(m-b) / float64(r.Config.Users)
 	}
 	// Unless the projectors applied every event, the database is not yet the
