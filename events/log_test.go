@@ -3,6 +3,8 @@ package events_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -169,6 +171,36 @@ func TestReadFiltersAndStopsAtEnd(t *testing.T) {
 	assert.Equal(t, []uint64{1, 3}, collect(events.ReadOptions{Filters: []string{"ev.*.follow.>"}}))
 	assert.Equal(t, []uint64{3, 4}, collect(events.ReadOptions{FromSeq: 3}))
 	assert.Empty(t, collect(events.ReadOptions{Filters: []string{"ev.99.>"}}))
+}
+
+// TestReadsLeaveNoConsumerBehind: a stream holds at most 1 000 consumers
+// by default, and readers that come and go (each resumed live stream is one)
+// must not fill them: a read's consumer goes when the read ends, however it
+// ends.
+func TestReadsLeaveNoConsumerBehind(t *testing.T) {
+	ctx := context.Background()
+	log, js, _ := openLog(t, events.Config{})
+	for i := range 3 {
+		_, err := log.AppendEvent(ctx, fmt.Sprint("r", i), at, events.UserFollowed{FollowerID: 1, FolloweeID: domain.UserID(i + 2)})
+		require.NoError(t, err)
+	}
+	stream, err := js.Stream(ctx, "FEED_EVENTS")
+	require.NoError(t, err)
+	consumers := func() int {
+		info, err := stream.Info(ctx)
+		require.NoError(t, err)
+		return info.State.Consumers
+	}
+	before := consumers()
+	stop := errors.New("stop")
+	for range 20 {
+		require.NoError(t, log.Read(ctx, events.ReadOptions{StopAtEnd: true}, func(events.Record) error { return nil }))
+		require.ErrorIs(t, log.Read(ctx, events.ReadOptions{}, func(events.Record) error { return stop }), stop)
+		cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		require.NoError(t, log.Read(cctx, events.ReadOptions{New: true}, func(events.Record) error { return nil }))
+		cancel()
+	}
+	assert.Equal(t, before, consumers(), "consumers left by 60 reads")
 }
 
 func TestConditionalAppendAndLast(t *testing.T) {

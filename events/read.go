@@ -83,10 +83,17 @@ func (l *Log) Read(ctx context.Context, opts ReadOptions, fn func(Record) error)
 func (l *Log) follow(ctx context.Context, what string, cfg jetstream.OrderedConsumerConfig,
 	fn func(jetstream.Msg, *jetstream.MsgMetadata) (done bool, err error),
 ) error {
+	if cfg.InactiveThreshold == 0 {
+		cfg.InactiveThreshold = readerInactive
+	}
 	cons, err := l.js.OrderedConsumer(ctx, l.cfg.Name, cfg)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", what, l.cfg.Name, classify(err))
 	}
+	// A stream holds a bounded number of consumers (1 000 by default), which
+	// readers that come and go (a live stream's every resumption) must not
+	// fill: the consumer goes with the read.
+	defer l.deleteConsumer(cons)
 	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", what, l.cfg.Name, classify(err))
@@ -110,6 +117,22 @@ func (l *Log) follow(ctx context.Context, what string, cfg jetstream.OrderedCons
 			return err
 		}
 	}
+}
+
+// readerInactive is how long the server keeps a reader's consumer that
+// nobody reads, when its process died before deleting it.
+const readerInactive = 30 * time.Second
+
+// deleteConsumer removes a finished reader's consumer, bounded in time; one
+// left behind goes after readerInactive.
+func (l *Log) deleteConsumer(cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil || info.Name == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = l.js.DeleteConsumer(ctx, l.cfg.Name, info.Name)
 }
 
 // Decode turns a stored message body at seq on subject into a record; an

@@ -29,6 +29,13 @@ import (
 // real projector keeps up with the app's log.
 func activityApp(t *testing.T) *testApp {
 	t.Helper()
+	a, _ := activityAppAndStore(t)
+	return a
+}
+
+// activityAppAndStore is activityApp and the activity it reads.
+func activityAppAndStore(t *testing.T) (*testApp, *activity.Store) {
+	t.Helper()
 	ctx := context.Background()
 	a := newTestApp(t)
 	pg := localstacktest.PostgresForTest(t)
@@ -36,9 +43,10 @@ func activityApp(t *testing.T) *testApp {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	reg := prometheus.NewRegistry()
+	store := activity.NewStore(pool)
 	a.srv = NewServer(Deps{
 		Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg,
-		Log: a.log, Media: a.media, Auth: a.auth, Activity: activity.NewStore(pool),
+		Log: a.log, Media: a.media, Auth: a.auth, Activity: store,
 	}, Config{ConsistencyWait: 10 * time.Second})
 	runCtx, stop := context.WithCancel(ctx)
 	r := projections.NewRunner(a.log, activity.NewProjector(pool, nil, activity.Config{}),
@@ -49,7 +57,7 @@ func activityApp(t *testing.T) *testApp {
 		stop()
 		require.NoError(t, <-done)
 	})
-	return a
+	return a, store
 }
 
 // activityPage gets one page of user's activity read at position min.

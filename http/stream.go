@@ -37,9 +37,16 @@ type StreamConfig struct {
 	// HydrateWait bounds how long a post's announcement waits for the read
 	// model to reach it before the post is written from its event; default 2s.
 	HydrateWait time.Duration
+	// CatchUps is how many resumed streams of this process read the log at
+	// once to catch up, each with a consumer of its own on the server (whose
+	// streams hold a bounded number); the others wait their turn. Default 32.
+	CatchUps int
 }
 
 func (c StreamConfig) withDefaults() StreamConfig {
+	if c.CatchUps <= 0 {
+		c.CatchUps = 32
+	}
 	if c.Window <= 0 {
 		c.Window = 10 * time.Minute
 	}
@@ -110,8 +117,9 @@ type Streams struct {
 	metrics       *streamMetrics
 	hydrateFailed *sampledLog
 
-	ready chan struct{} // closed once Run knows where it starts
-	done  chan struct{} // closed by Close
+	catchUps chan struct{} // a slot per resumed stream reading the log
+	ready    chan struct{} // closed once Run knows where it starts
+	done     chan struct{} // closed by Close
 
 	mu sync.Mutex
 	// begun is the event being dispatched (last while none is): a stream
@@ -140,6 +148,7 @@ func NewStreams(deps StreamDeps, cfg StreamConfig) *Streams {
 		byAuthor: map[domain.UserID]map[*viewer]struct{}{}, byUser: map[domain.UserID]map[*viewer]struct{}{},
 		open: map[domain.UserID]int{},
 	}
+	s.catchUps = make(chan struct{}, s.cfg.CatchUps)
 	if deps.Model != nil {
 		s.model = &sharedPosition{lookup: deps.Model.Position, ttl: positionReuse}
 		if s.posts == nil {
@@ -425,6 +434,11 @@ func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) e
 			return nil
 		}
 		s.mu.Unlock()
+		select {
+		case s.catchUps <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		err := s.log.Read(ctx, events.ReadOptions{FromSeq: v.pos + 1, IncludeUnknown: true}, func(rec events.Record) error {
 			var items []ActivityItem
 			if s.activity != nil && rec.Event != nil {
@@ -444,6 +458,7 @@ func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) e
 			}
 			return nil
 		})
+		<-s.catchUps
 		switch {
 		case errors.Is(err, errCaughtUp):
 		case err != nil:
@@ -664,8 +679,14 @@ func (s *Streams) hydrate(ctx context.Context, viewer domain.UserID, ev streamEv
 // awaitModel waits until the read model has applied seq; false if ctx ends
 // first.
 func (s *Streams) awaitModel(ctx context.Context, seq uint64) bool {
+	return awaitApplied(ctx, s.model, seq)
+}
+
+// awaitApplied waits until the projection whose position p looks up has
+// applied seq; false if ctx ends first.
+func awaitApplied(ctx context.Context, p *sharedPosition, seq uint64) bool {
 	for backoff := firstPoll; ; backoff = min(2*backoff, maxPoll) {
-		if pos, err := s.model.get(ctx, seq); err == nil && pos >= seq {
+		if pos, err := p.get(ctx, seq); err == nil && pos >= seq {
 			return true
 		}
 		select {

@@ -514,6 +514,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	if api {
 		deps.Streams = feedhttp.NewStreams(feedhttp.StreamDeps{
 			Log: in.log, Model: readStore, Posts: deps.FeedPosts, Registerer: reg, Logger: logger,
+			Activity: feedhttp.NewStreamActivity(activityStore, cfg.ConsistencyWait, logger),
 		}, feedhttp.StreamConfig{Window: cfg.ResumeWindow})
 	}
 	srv := feedhttp.NewServer(deps, feedhttp.Config{

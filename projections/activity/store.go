@@ -32,10 +32,12 @@ type Page struct {
 
 // selectItems reads items with their post's thumbnail; kept tells an item
 // shown from one beyond the newest the user keeps.
-const selectItems = `SELECT i.id, i.actor_id, i.post_id, i.comment_id, i.text, i.created_at, i.kept,
+const selectItems = selectColumns + `WHERE i.owner_id = $1 `
+
+const selectColumns = `SELECT i.owner_id, i.id, i.actor_id, i.post_id, i.comment_id, i.text, i.created_at, i.kept,
 		p.media_key, p.content_type, p.width, p.height
 	FROM items i LEFT JOIN posts p ON p.id = i.post_id
-	WHERE i.owner_id = $1 `
+	`
 
 // Page reads the page of user's activity after the cursor (nil: the first).
 // Items are newest first by id (the log's order of the actions), so a page
@@ -46,7 +48,7 @@ func (s *Store) Page(ctx context.Context, user domain.UserID, after *domain.Curs
 	if after != nil {
 		before = after.ID
 	}
-	items, err := s.query(ctx, selectItems+`AND i.id < $2 ORDER BY i.id DESC LIMIT $3`, user, before, domain.PageSize+1)
+	items, err := s.query(ctx, selectItems+`AND i.id < $2 ORDER BY i.id DESC LIMIT $3`, int64(user), before, domain.PageSize+1)
 	if err != nil {
 		return Page{}, err
 	}
@@ -63,29 +65,46 @@ func (s *Store) Page(ctx context.Context, user domain.UserID, after *domain.Curs
 // most limit of them: what a live stream announces once the activity has
 // applied the events past pos (Position).
 func (s *Store) After(ctx context.Context, user domain.UserID, pos uint64, limit int) ([]Item, error) {
-	return s.query(ctx, selectItems+`AND i.id > $2 AND i.kept ORDER BY i.id LIMIT $3`, user, int64(pos), limit)
+	return s.query(ctx, selectItems+`AND i.id > $2 AND i.kept ORDER BY i.id LIMIT $3`, int64(user), int64(pos), limit)
+}
+
+// MadeBy returns the item that the event at log position pos made, if it
+// made one that is still shown: a follow of owner by actor, or (post not 0)
+// a like of or a comment on post by actor.
+func (s *Store) MadeBy(ctx context.Context, pos uint64, actor, owner domain.UserID, post domain.PostID) (Item, bool, error) {
+	var items []Item
+	var err error
+	if post == 0 {
+		items, err = s.query(ctx, selectItems+`AND i.id = $2 AND i.actor_id = $3 AND i.post_id IS NULL AND i.kept`, int64(owner), int64(pos), int64(actor))
+	} else {
+		items, err = s.query(ctx, selectColumns+`WHERE i.post_id = $1 AND i.actor_id = $2 AND i.id = $3 AND i.kept`, int64(post), int64(actor), int64(pos))
+	}
+	if err != nil || len(items) == 0 {
+		return Item{}, false, err
+	}
+	return items[0], true, nil
 }
 
 // query reads items, up to the first not kept.
-func (s *Store) query(ctx context.Context, sql string, user domain.UserID, pos int64, limit int) ([]Item, error) {
-	rows, err := s.pool.Query(ctx, sql, int64(user), pos, limit)
+func (s *Store) query(ctx context.Context, sql string, args ...any) ([]Item, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, queryError(err)
 	}
 	var (
 		items            []Item
-		id, actor        int64
+		owner, id, actor int64
 		post, comment    *int64
 		text, key, ctype *string
 		at               time.Time
 		kept             bool
 		width, height    *int32
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &actor, &post, &comment, &text, &at, &kept, &key, &ctype, &width, &height}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&owner, &id, &actor, &post, &comment, &text, &at, &kept, &key, &ctype, &width, &height}, func() error {
 		if !kept {
 			return errBeyondKept
 		}
-		it := Item{ID: uint64(id), Kind: KindFollow, Owner: user, Actor: domain.UserID(actor), CreatedAt: at.UTC()}
+		it := Item{ID: uint64(id), Kind: KindFollow, Owner: domain.UserID(owner), Actor: domain.UserID(actor), CreatedAt: at.UTC()}
 		if post != nil {
 			it.Kind, it.Post = KindLike, domain.PostID(*post)
 			if key != nil {
