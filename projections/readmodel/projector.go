@@ -146,7 +146,7 @@ func (p *Projector) applyWith(ctx context.Context, batch []events.Record, pr *pl
 const (
 	createCheckpoint = `INSERT INTO projector_checkpoints (projector, position) VALUES ($1, 0)
 		ON CONFLICT (projector) DO NOTHING`
-	lockCheckpoint    = `SELECT position FROM projector_checkpoints WHERE projector = $1 FOR UPDATE`
+	lockCheckpoint = `SELECT position FROM projector_checkpoints WHERE projector = $1 FOR UPDATE`
 	// advanceCheckpoint refuses a write under an older epoch than the last
 	// (migration 5): the transaction fails, and every write of the batch
 	// with it.
