@@ -37,9 +37,7 @@ func Read(ctx context.Context, kv jetstream.KeyValue) ([]Holding, error) {
 			names = append(names, k)
 		}
 	}
-	if err := keys.Stop(); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, fmt.Errorf("list leases: %w", err)
-	}
+	_ = keys.Stop() // stopped already once listed
 	slices.Sort(names)
 	var out []Holding
 	for _, k := range names {
