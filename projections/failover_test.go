@@ -17,8 +17,10 @@ import (
 
 	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/cmd/localstack/natscluster"
+	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/feeds/inbox"
 	"github.com/feedproject/feed/projections/lease"
 	"github.com/feedproject/feed/projections/readmodel"
 )
@@ -128,6 +130,22 @@ func (rig *onceRig) storedPositions(t *testing.T) {
 	rig.stop = func() {}
 }
 
+// awaitInboxes waits until every user's inbox is built: the active planner
+// builds them on request, and a request taken by a process killed before it
+// built the inbox is made again by the user's next read, which these tests
+// do not make.
+func (rig *onceRig) awaitInboxes(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for u := range onceUsers {
+			if _, _, _, ok, err := inbox.ReadAll(context.Background(), rig.store, domain.UserID(u+1)); err != nil || !ok {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 50*time.Millisecond, "the inboxes asked for are built")
+}
+
 // takeoverBound is how soon after the active process dies a standby must be
 // active: the lease's TTL, a tick to notice, and two seconds to spare for a
 // busy machine.
@@ -149,6 +167,7 @@ func TestStandbyTakesOverWhenTheActiveProcessDies(t *testing.T) {
 	b := rig.startProcess(t, "b", ns.ClientURL(), 1, roleReadModel, rolePlanner, roleAppliers)
 	require.Eventually(t, func() bool { return b.leases.State(roleReadModel).Holder == "a" }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, lease.Standby, b.leases.State(rolePlanner).State)
+	rig.awaitInboxes(t)
 
 	stopLoad := rig.load(4, 5*time.Millisecond)
 	defer stopLoad()
@@ -192,11 +211,12 @@ func TestAppliersRebalanceUnderLoad(t *testing.T) {
 				held += len(s.Partitions)
 			}
 			return held == partitions
-		}, takeoverBound+leaseTTL, 10*time.Millisecond, "the partitions are not spread over %d processes: %s", n, sharesOf(procs))
+		}, 15*time.Second, 10*time.Millisecond, "the partitions are not spread over %d processes: %s", n, sharesOf(procs))
 		t.Logf("%d processes: %s", n, sharesOf(procs[:n]))
 		return time.Since(start)
 	}
 	spread(2)
+	rig.awaitInboxes(t)
 	stopLoad := rig.load(4, 5*time.Millisecond)
 	defer stopLoad()
 	time.Sleep(time.Second)
@@ -237,6 +257,7 @@ func TestStandbyTakesOverOnAClusterWhenTheActiveLosesItsNode(t *testing.T) {
 	a.active(t, rolePlanner, time.Now(), 10*time.Second)
 	b := rig.startProcess(t, "b", c.URL(1)+","+c.URL(2), 3, roleReadModel, rolePlanner, roleAppliers)
 	require.Eventually(t, func() bool { return b.leases.State(roleReadModel).Holder == "a" }, 10*time.Second, 10*time.Millisecond)
+	rig.awaitInboxes(t)
 
 	stopLoad := rig.load(3, 15*time.Millisecond)
 	defer stopLoad()

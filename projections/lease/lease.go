@@ -344,7 +344,9 @@ func (l *Leases) keep(ctx context.Context, t *term, work func(context.Context, u
 			return fmt.Errorf("%s: %w", t.key, err)
 		case <-ctx.Done():
 			expiry.Stop()
-			<-done
+			if err := <-done; err != nil {
+				l.logger.Info("work stopped", "lease", t.key, "err", err)
+			}
 			l.release(ctx, t)
 			return nil
 		case <-tick.C:
@@ -355,7 +357,9 @@ func (l *Leases) keep(ctx context.Context, t *term, work func(context.Context, u
 		case <-expiry.C:
 		}
 		end()
-		<-done
+		if err := <-done; err != nil {
+			l.logger.Warn("work stopped with the lease", "lease", t.key, "err", err)
+		}
 		return nil
 	}
 }

@@ -161,8 +161,8 @@ func queuePlannerState(ctx context.Context, s *feeds.Store, pipe redis.Pipeliner
 // the position, once the reads' pipeline has run (a failed read is
 // result's to report).
 func (r plannerStateRead) fenced(epoch uint64) error {
-	at, err := r.epoch.Uint64()
-	if err != nil || at <= epoch {
+	at, _ := strconv.ParseUint(r.epoch.Val(), 10, 64) // none, or a failed read (result's to report): 0
+	if at <= epoch {
 		return nil
 	}
 	return fmt.Errorf("%w: the planner's position was moved under epoch %d, this planner's is %d", projections.ErrFenced, at, epoch)
