@@ -37,13 +37,14 @@ const (
 )
 
 // projectorProcess is one process of the service running projector roles
-// under leases, on a NATS connection of its own, sharing the rig's stores
-// with the others, as serve wires them.
+// under leases, on NATS connections of its own, sharing the rig's stores
+// with the others, as serve wires them. Its leases have a connection apart
+// from its projectors', which kill closes first.
 type projectorProcess struct {
-	name   string
-	nc     *nats.Conn
-	leases *lease.Leases
-	stop   func()
+	name          string
+	nc, leaseConn *nats.Conn
+	leases        *lease.Leases
+	stop          func()
 }
 
 // startProcess starts a process running roles, connected through url.
@@ -53,9 +54,10 @@ func (rig *onceRig) startProcess(t *testing.T, name, url string, replicas int, r
 	nc, log := onceConnect(t, url, replicas)
 	js := log.JetStream()
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})).With("process", name)
-	kv, err := lease.EnsureBucket(ctx, js, leaseTTL, replicas)
+	leaseConn, leaseLog := onceConnect(t, url, replicas)
+	kv, err := lease.EnsureBucket(ctx, leaseLog.JetStream(), leaseTTL, replicas)
 	require.NoError(t, err)
-	p := &projectorProcess{name: name, nc: nc, leases: lease.New(kv, lease.Config{Process: name, TTL: leaseTTL}, nil, logger)}
+	p := &projectorProcess{name: name, nc: nc, leaseConn: leaseConn, leases: lease.New(kv, lease.Config{Process: name, TTL: leaseTTL}, nil, logger)}
 	planner := fanout.NewPlanner(rig.store, js, oncePlannerConfig(replicas), nil)
 	require.NoError(t, planner.EnsureStream(ctx))
 	var wg sync.WaitGroup
@@ -96,11 +98,14 @@ func (rig *onceRig) startProcess(t *testing.T, name, url string, replicas int, r
 	return p
 }
 
-// kill stops p as a killed process stops: its connection gone first, so
-// that nothing it holds is let go.
+// kill stops p as a killed process stops: its leases' connection gone
+// first, so that nothing it holds is let go (its projectors finish the
+// batch in hand on theirs, which a closed connection would leave waiting
+// for acknowledgements for ever).
 func (p *projectorProcess) kill() {
-	p.nc.Close()
+	p.leaseConn.Close()
 	p.stop()
+	p.nc.Close()
 }
 
 // active waits until p is active in role, and says how long since start
