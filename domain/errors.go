@@ -20,6 +20,9 @@ var (
 	ErrTooLarge = errors.New("too large")
 	// ErrUnsupportedMedia means an upload is not one of the accepted image types.
 	ErrUnsupportedMedia = errors.New("unsupported media type")
+	// ErrTooMany means the caller holds as many of something as it may (open
+	// streams); it may retry once one is given back.
+	ErrTooMany = errors.New("too many")
 	// ErrUnavailable means a dependency (the event log, a store) cannot be reached;
 	// nothing was written and the caller may retry later.
 	ErrUnavailable = errors.New("dependency unavailable")

@@ -24,6 +24,7 @@ var errorKinds = []struct {
 	{domain.ErrConflict, fiber.StatusConflict, "conflict"},
 	{domain.ErrTooLarge, fiber.StatusRequestEntityTooLarge, "too_large"},
 	{domain.ErrUnsupportedMedia, fiber.StatusUnsupportedMediaType, "unsupported_media_type"},
+	{domain.ErrTooMany, fiber.StatusTooManyRequests, "too_many_requests"},
 	{domain.ErrOutcomeUnknown, fiber.StatusGatewayTimeout, "outcome_unknown"},
 	{domain.ErrUnavailable, fiber.StatusServiceUnavailable, "unavailable"},
 }
@@ -58,6 +59,9 @@ func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 		}
 		if status == fiber.StatusServiceUnavailable || status == fiber.StatusGatewayTimeout {
 			unavailable.log(c.UserContext(), log, slog.LevelWarn, "dependency unavailable", "method", c.Method(), "path", c.Path(), "err", err)
+			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(retryAfterSeconds))
+		}
+		if status == fiber.StatusTooManyRequests {
 			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(retryAfterSeconds))
 		}
 		return c.Status(status).JSON(errorBody{Error: errorDetail{Code: code, Message: message}})

@@ -96,11 +96,15 @@ type Deps struct {
 	FeedModel HomeFeedModel
 	// FeedPosts hydrates the home feed's pages; nil: FeedModel on every read.
 	FeedPosts FeedPosts
+	// Activity serves GET /activity; while it is nil it answers 503.
+	Activity Activity
 	// Rebuilds serves the admin rebuild routes; while it is nil they answer 503.
 	Rebuilds Rebuilds
 	// MediaCollector serves the admin route that collects unreferenced
 	// images; while it is nil it answers 503.
 	MediaCollector MediaCollector
+	// Streams serves GET /stream; while it is nil it answers 503.
+	Streams *Streams
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -125,6 +129,7 @@ type Server struct {
 	cfg     Config
 	checks  []Check
 	metrics *serverMetrics
+	streams *Streams
 }
 
 // NewServer builds the app with every route of the contract registered.
@@ -133,7 +138,7 @@ func NewServer(deps Deps, cfg Config) *Server {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	s := &Server{log: deps.Logger, cfg: cfg, checks: deps.Checks, metrics: newServerMetrics(deps.Registerer)}
+	s := &Server{log: deps.Logger, cfg: cfg, checks: deps.Checks, metrics: newServerMetrics(deps.Registerer), streams: deps.Streams}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "feed",
 		DisableStartupMessage: true,
@@ -175,6 +180,8 @@ func NewServer(deps Deps, cfg Config) *Server {
 	s.app.Get("/media/:key", cmd.serveMedia)
 	registerReads(s.app, deps, cfg)
 	registerHomeFeed(s.app, deps, cfg, deps.Registerer)
+	registerActivity(s.app, deps, cfg)
+	registerStream(s.app, deps)
 	registerAdmin(s.app, deps)
 	return s
 }
@@ -211,9 +218,12 @@ func (s *Server) Serve(ln net.Listener) error {
 	return nil
 }
 
-// Shutdown stops accepting connections and waits for in-flight requests until ctx
-// ends.
+// Shutdown ends the streams, stops accepting connections and waits for
+// in-flight requests until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error {
+	if s.streams != nil {
+		s.streams.Close()
+	}
 	if err := s.app.ShutdownWithContext(ctx); err != nil {
 		return fmt.Errorf("shut down http: %w", err)
 	}

@@ -1,6 +1,7 @@
-// Package migrations holds the read model's schema as numbered SQL files,
-// embedded and applied at start inside a Postgres schema of the caller's
-// choice (the live read model's, or a rebuild's shadow, swapped in later).
+// Package migrations holds the Postgres schemas of the read model and of the
+// activity as numbered SQL files, embedded and applied at start, each inside a
+// Postgres schema of the caller's choice (the live one, or a rebuild's shadow,
+// swapped in later).
 package migrations
 
 import (
@@ -8,6 +9,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 
 	"github.com/golang-migrate/migrate/v4"
 	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -17,20 +19,44 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-//go:embed *.sql
-var files embed.FS
+// The read model's migrations are the files of this directory; the
+// activity's, of activity/: a rebuild of one swaps its own schema and leaves
+// the other's alone.
+var (
+	//go:embed *.sql
+	files embed.FS
+	//go:embed activity/*.sql
+	activityFiles embed.FS
+)
 
 // Schema is the Postgres schema of the live read model.
 const Schema = "readmodel"
 
+// ActivitySchema is the Postgres schema of the live activity.
+const ActivitySchema = "activity"
+
 // Up creates schema in the database at url if it is missing and applies every
-// migration not yet applied inside it. Concurrent callers (several replicas
-// starting together) are serialised by the migration tool's advisory lock.
+// read model migration not yet applied inside it. Concurrent callers (several
+// replicas starting together) are serialised by the migration tool's
+// advisory lock.
 func Up(ctx context.Context, url, schema string) error {
+	return up(ctx, url, schema, files)
+}
+
+// UpActivity is Up for the activity's migrations.
+func UpActivity(ctx context.Context, url, schema string) error {
+	sub, err := fs.Sub(activityFiles, "activity")
+	if err != nil {
+		return fmt.Errorf("open embedded activity migrations: %w", err)
+	}
+	return up(ctx, url, schema, sub)
+}
+
+func up(ctx context.Context, url, schema string, src fs.FS) error {
 	if err := createSchema(ctx, url, schema); err != nil {
 		return err
 	}
-	m, closeAll, err := open(url, schema)
+	m, closeAll, err := open(url, schema, src)
 	if err != nil {
 		return err
 	}
@@ -49,10 +75,10 @@ func Up(ctx context.Context, url, schema string) error {
 	return nil
 }
 
-// Version reports the version applied in schema and whether a migration failed
+// Version reports the read model migration version applied in schema and whether a migration failed
 // half-way (dirty).
 func Version(url, schema string) (uint, bool, error) {
-	m, closeAll, err := open(url, schema)
+	m, closeAll, err := open(url, schema, files)
 	if err != nil {
 		return 0, false, err
 	}
@@ -83,7 +109,7 @@ func createSchema(ctx context.Context, url, schema string) error {
 	return nil
 }
 
-func open(url, schema string) (*migrate.Migrate, func(), error) {
+func open(url, schema string, files fs.FS) (*migrate.Migrate, func(), error) {
 	src, err := iofs.New(files, ".")
 	if err != nil {
 		return nil, nil, fmt.Errorf("open embedded migrations: %w", err)

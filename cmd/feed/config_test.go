@@ -44,7 +44,7 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, ":8080", cfg.HTTPAddr)
 	assert.Equal(t, ".data", cfg.DataDir)
 	assert.Equal(t, "always", cfg.NATSSync)
-	assert.Equal(t, []string{"api", "readmodel", "planner", "appliers"}, cfg.Roles)
+	assert.Equal(t, []string{"api", "readmodel", "planner", "appliers", "activity"}, cfg.Roles)
 	assert.Equal(t, 4222, cfg.NATSPort)
 }
 

@@ -46,6 +46,12 @@ Usage:
                and DATABASE_URL
   feed dev     like serve, but start Redis and Postgres as child processes
                under FEED_DATA_DIR when their URLs are unset
+  feed dev --cluster
+               like dev, but with a three-node JetStream cluster, a Redis
+               Cluster of 3 masters and 3 replicas, and Postgres on loopback
+               (data under FEED_DATA_DIR/cluster), streams on three nodes and
+               images in the object store; prints the settings that point
+               more processes at them
   feed nats [--dir DIR] [--port 4222] [--sync always]
                run only the NATS JetStream server that serve and dev start as a
                process of their own when NATS_URL is unset (store under
@@ -78,16 +84,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 		fs.SetOutput(stderr)
 		roles := fs.String("roles", "", "comma-separated roles to run (overrides FEED_ROLES)")
+		cluster := new(bool)
+		if cmd == "dev" {
+			fs.BoolVar(cluster, "cluster", false, "run a JetStream cluster, a Redis Cluster and Postgres on loopback, and serve against them")
+		}
 		if err := fs.Parse(rest); err != nil {
 			return err
 		}
 		env := getenv
+		if *cluster {
+			env = devClusterEnv(getenv)
+		}
 		if *roles != "" {
+			base := env
 			env = func(k string) string {
 				if k == "FEED_ROLES" {
 					return *roles
 				}
-				return getenv(k)
+				return base(k)
 			}
 		}
 		cfg, err := stack.Parse(env)
@@ -96,6 +110,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		logger := newLogger(cfg, stderr)
 		logRedisThrough(logger)
+		if *cluster {
+			return devCluster(ctx, cfg, logger, stdout)
+		}
 		return serve(ctx, cfg, cmd == "dev", logger, stdout)
 	case "nats":
 		cfg, err := stack.Parse(getenv)

@@ -70,7 +70,8 @@ func startRun(t *testing.T, command string, env func(string) string) (string, fu
 	return base, stop
 }
 
-// startRunLogged is startRun that also returns the log the command writes.
+// startRunLogged is startRun that also returns the log the command writes;
+// command may hold flags ("dev --cluster").
 func startRunLogged(t *testing.T, command string, env func(string) string) (string, func() error, *localstacktest.SyncBuffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -78,7 +79,7 @@ func startRunLogged(t *testing.T, command string, env func(string) string) (stri
 	stderr := &localstacktest.SyncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{command}, env, w, stderr)
+		done <- run(ctx, strings.Fields(command), env, w, stderr)
 		_ = w.Close()
 	}()
 	t.Cleanup(func() {

@@ -20,6 +20,7 @@ import (
 	"github.com/feedproject/feed/events"
 	feedhttp "github.com/feedproject/feed/http"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/activity"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/feeds/repair"
@@ -27,7 +28,7 @@ import (
 )
 
 // rebuildable are the projectors a rebuild knows, in the order "all" takes.
-var rebuildable = []string{readmodel.ProjectorName, fanout.PlannerName}
+var rebuildable = []string{readmodel.ProjectorName, fanout.PlannerName, activity.ProjectorName}
 
 // rebuilder rebuilds projectors by replay into a shadow: in the foreground for
 // `feed replay`, and in the background of a serving process for the admin
@@ -38,7 +39,9 @@ type rebuilder struct {
 	feeds       *feeds.Store
 	js          jetstream.JetStream
 	planner     fanout.PlannerConfig
-	logger      *slog.Logger
+	// activityKeep is the rebuilt activity's (FEED_ACTIVITY_KEEP).
+	activityKeep int
+	logger       *slog.Logger
 
 	// ctx bounds background rebuilds (the process's life); runs holds the
 	// latest of each projector.
@@ -58,7 +61,7 @@ func targets(name string) ([]string, error) {
 			return []string{n}, nil
 		}
 	}
-	return nil, fmt.Errorf("unknown projector %q (want readmodel, feeds or all): %w", name, domain.ErrInvalid)
+	return nil, fmt.Errorf("unknown projector %q (want readmodel, feeds, activity or all): %w", name, domain.ErrInvalid)
 }
 
 // open takes the projector's rebuild lock and opens its shadow.
@@ -66,6 +69,12 @@ func (b *rebuilder) open(ctx context.Context, name string, fresh bool) (projecti
 	switch name {
 	case readmodel.ProjectorName:
 		rb, err := readmodel.OpenRebuild(ctx, b.databaseURL, fresh, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		return rb, rb.Close, nil
+	case activity.ProjectorName:
+		rb, err := activity.OpenRebuild(ctx, b.databaseURL, fresh, nil, activity.Config{Keep: b.activityKeep})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -165,7 +174,7 @@ func (b *rebuilder) finish(name string, err error) {
 // Status implements feedhttp.Rebuilds.
 func (b *rebuilder) Status(name string) (feedhttp.RebuildStatus, error) {
 	if _, err := targets(name); err != nil || name == "all" {
-		return feedhttp.RebuildStatus{}, fmt.Errorf("unknown projector %q (want readmodel or feeds): %w", name, domain.ErrInvalid)
+		return feedhttp.RebuildStatus{}, fmt.Errorf("unknown projector %q (want readmodel, feeds or activity): %w", name, domain.ErrInvalid)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -283,7 +292,7 @@ func connectRebuilder(ctx context.Context, cfg stack.Config, logger *slog.Logger
 	if err != nil {
 		return fail(err)
 	}
-	rdb := target.Client(projectorTuning)
+	rdb := target.ProjectorClient(cfg, projectorTuning, replicaAcksShort(logger, nil))
 	closers = append(closers, func() { _ = rdb.Close() })
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fail(fmt.Errorf("ping redis %s: %w", target, err))
@@ -301,8 +310,9 @@ func newRebuilder(ctx context.Context, cfg stack.Config, log *events.Log, databa
 		feeds: feeds.NewStore(rdb, feeds.Config{
 			InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
 		}),
-		planner: fanout.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: log.Replicas()},
-		runs:    map[string]*feedhttp.RebuildStatus{},
+		planner:      fanout.PlannerConfig{Partitions: cfg.Partitions, PendingWork: cfg.Partitions, Replicas: log.Replicas()},
+		activityKeep: cfg.ActivityKeep,
+		runs:         map[string]*feedhttp.RebuildStatus{},
 	}
 }
 

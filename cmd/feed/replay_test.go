@@ -173,8 +173,8 @@ func TestAdminRebuildRoutes(t *testing.T) {
 	status, body, header := call(http.MethodPost, "/admin/rebuild/all", admin)
 	require.Equal(t, http.StatusAccepted, status, "%v", body)
 	assert.Equal(t, "/admin/rebuild/all", header.Get("Location"))
-	assert.Len(t, body["rebuilds"], 2)
-	for _, name := range []string{"readmodel", "feeds"} {
+	assert.Len(t, body["rebuilds"], 3)
+	for _, name := range []string{"readmodel", "feeds", "activity"} {
 		var last map[string]any
 		require.Eventually(t, func() bool {
 			status, last, _ = call(http.MethodGet, "/admin/rebuild/"+name, admin)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +30,7 @@ import (
 	"github.com/feedproject/feed/http/media"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/activity"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/feeds/homefeed"
@@ -95,6 +97,10 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 		// No buffering while disconnected: a command answered 503 must not be
 		// appended later when the connection comes back.
 		nats.ReconnectBufSize(-1),
+		// A server that stops answering (frozen, or cut off without a reset)
+		// is left for another within about 6 s, not the 2-minute default.
+		nats.PingInterval(2 * time.Second),
+		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				logger.Warn("nats disconnected", "err", err)
@@ -167,7 +173,7 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 	}
 	// Two clients, because the two uses want opposite timeouts (see
 	// projectorTuning and readerTuning).
-	in.redis = target.Client(projectorTuning)
+	in.redis = target.ProjectorClient(cfg, projectorTuning, replicaAcksShort(logger, reg))
 	in.closers = append(in.closers, func() { _ = in.redis.Close() })
 	if err := in.redis.Ping(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("ping redis %s: %w", target, err)
@@ -183,6 +189,9 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 	in.closers = append(in.closers, func() { _ = in.readRedis.Close() })
 
 	if err := migrations.Up(ctx, databaseURL, migrations.Schema); err != nil {
+		return nil, err
+	}
+	if err := migrations.UpActivity(ctx, databaseURL, migrations.ActivitySchema); err != nil {
 		return nil, err
 	}
 	in.databaseURL = databaseURL
@@ -216,6 +225,29 @@ func startInfra(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Lo
 	}
 	in.closers = append(in.closers, in.log.Close)
 	return in, nil
+}
+
+// replicaAcksShort counts and logs, at most once a minute per node, the
+// writes that returned without the replicas they asked for.
+func replicaAcksShort(logger *slog.Logger, reg prometheus.Registerer) func(addr string) {
+	short := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "feed_redis_replica_acks_short_total",
+		Help: "Times a Redis node's replicas did not acknowledge a projector's write within 1 s (FEED_REDIS_REPLICA_ACKS); its writes then stop waiting for 5 s, and a failover meanwhile may lose them.",
+	}, []string{"node"})
+	if reg != nil {
+		reg.MustRegister(short)
+	}
+	var mu sync.Mutex
+	logged := map[string]time.Time{}
+	return func(addr string) {
+		short.WithLabelValues(addr).Inc()
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(logged[addr]) > time.Minute {
+			logged[addr] = time.Now()
+			logger.Warn("redis replicas did not acknowledge writes in time; writing without waiting for them meanwhile", "node", addr)
+		}
+	}
 }
 
 // projectorTuning is the projectors' Redis client's. Their scripts may run
@@ -372,6 +404,20 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 			fenced: proj,
 		})
 	}
+	if slices.Contains(cfg.Roles, stack.RoleActivity) {
+		// A pool of its own, as the read model projector's (projectorConns).
+		pool, err := readmodel.OpenPool(ctx, in.databaseURL, migrations.ActivitySchema, projectorConns)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		proj := activity.NewProjector(pool, projMetrics, activity.Config{Keep: cfg.ActivityKeep})
+		roles = append(roles, projectorRole{
+			name:   stack.RoleActivity,
+			runner: projections.NewRunner(in.log, proj, projections.RunnerConfig{}, projMetrics, logger),
+			fenced: proj,
+		})
+	}
 	feedStore := feeds.NewStore(in.redis, feeds.Config{
 		InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
 	})
@@ -440,6 +486,15 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		})
 	}
 	readStore := readmodel.NewStore(in.pg)
+	var activityStore *activity.Store
+	if api {
+		pool, err := readmodel.OpenPool(ctx, in.databaseURL, migrations.ActivitySchema, 0)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		activityStore = activity.NewStore(pool)
+	}
 	var postCache *readmodel.Cache
 	if cfg.PostCache > 0 {
 		postCache = readmodel.NewCache(readStore, in.log, readmodel.CacheConfig{Posts: cfg.PostCache, Likes: 5 * cfg.PostCache}, reg, logger)
@@ -477,11 +532,19 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		FeedModel:  readStore,
 		Rebuilds:   rebuilds,
 	}
+	if activityStore != nil {
+		deps.Activity = activityStore
+	}
 	if collector != nil {
 		deps.MediaCollector = collector
 	}
 	if postCache != nil {
 		deps.FeedPosts = postCache
+	}
+	if api {
+		deps.Streams = feedhttp.NewStreams(feedhttp.StreamDeps{
+			Log: in.log, Model: readStore, Posts: deps.FeedPosts, Registerer: reg, Logger: logger,
+		}, feedhttp.StreamConfig{Window: cfg.ResumeWindow})
 	}
 	srv := feedhttp.NewServer(deps, feedhttp.Config{
 		ConsistencyWait: cfg.ConsistencyWait,
@@ -516,6 +579,9 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	}
 	if pageCache != nil {
 		g.Go(func() error { return pageCache.Run(gctx) })
+	}
+	if deps.Streams != nil {
+		g.Go(func() error { return deps.Streams.Run(gctx) })
 	}
 	if collector != nil && cfg.MediaCollectInterval > 0 {
 		g.Go(func() error { return collector.Run(gctx) })

@@ -18,6 +18,7 @@ import (
 
 	"github.com/feedproject/feed/cmd/internal/stack"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/activity"
 	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/lease"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -167,6 +168,7 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	add(readmodel.ProjectorName, first.ReadModel, last.ReadModel, nil)
 	add(fanout.PlannerName, first.Applied, last.Applied, last.Planned)
+	add(activity.ProjectorName, first.Activity, last.Activity, nil)
 
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

@@ -34,7 +34,7 @@ func runStatus(t *testing.T, env func(string) string, args ...string) statusRepo
 	require.NoError(t, run(t.Context(), append([]string{"status", "--json"}, args...), env, &out, &errOut), errOut.String())
 	var rep statusReport
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
-	require.Len(t, rep.Projectors, 2, out.String())
+	require.Len(t, rep.Projectors, 3, out.String())
 	return rep
 }
 
@@ -137,11 +137,13 @@ func TestStatus(t *testing.T) {
 		var out bytes.Buffer
 		require.NoError(t, run(ctx, []string{"status", "--interval", "10ms"}, env, &out, io.Discard))
 		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-		require.Len(t, lines, 5, out.String())
+		require.Len(t, lines, 6, out.String())
 		assert.Equal(t, []string{"stream", "FEED_EVENTS", "head", "8"}, strings.Fields(lines[0]))
 		assert.Equal(t, "PROJECTOR", strings.Fields(lines[1])[0])
 		assert.Equal(t, []string{"feeds", "3", "5", "5"}, strings.Fields(lines[3])[:4])
-		assert.Equal(t, []string{"fan-out", "backlog", "1"}, strings.Fields(lines[4]))
+		// An activity that has not begun to fill itself: the whole log to go.
+		assert.Equal(t, []string{"activity", "0", "-", "8"}, strings.Fields(lines[4])[:4])
+		assert.Equal(t, []string{"fan-out", "backlog", "1"}, strings.Fields(lines[5]))
 		assert.Equal(t, strings.Index(lines[1], "POSITION"), strings.Index(lines[3], "3"), "aligned:\n%s", out.String())
 	})
 

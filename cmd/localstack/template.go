@@ -128,7 +128,8 @@ func buildPostgresTemplate(log *slog.Logger) (*pgTemplate, error) {
 		_ = os.RemoveAll(root)
 		return nil, fmt.Errorf("postgres template: %w", err)
 	}
-	merr := migrations.Up(ctx, pg.URL(), migrations.Schema)
+	merr := errors.Join(migrations.Up(ctx, pg.URL(), migrations.Schema),
+		migrations.UpActivity(ctx, pg.URL(), migrations.ActivitySchema))
 	if err := errors.Join(merr, pg.Stop()); err != nil {
 		_ = os.RemoveAll(root)
 		return nil, fmt.Errorf("postgres template: migrate: %w", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
 )
 
 // ObjectStore is a Store in a JetStream Object Store bucket, which every API
@@ -104,10 +105,36 @@ func (o *ObjectStore) Save(ctx context.Context, r io.Reader, maxSize int64) (Ima
 	mu := &o.locks[up.sum[0]]
 	mu.Lock()
 	defer mu.Unlock()
+	// A bucket between leaders (an election takes seconds) is waited out, as
+	// appends are; the upload is kept until then, so it is sent again whole.
+	ctx, cancel := context.WithTimeout(ctx, saveRetry)
+	defer cancel()
+	backoff := 100 * time.Millisecond
+	for {
+		err := o.save(ctx, up, img)
+		if err == nil {
+			return img, nil
+		}
+		if !errors.Is(err, domain.ErrUnavailable) {
+			return Image{}, err
+		}
+		select {
+		case <-ctx.Done():
+			return Image{}, err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// saveRetry bounds how long a save waits for a bucket to be writable.
+const saveRetry = 10 * time.Second
+
+func (o *ObjectStore) save(ctx context.Context, up *upload, img Image) error {
 	for {
 		meta, info, err := o.meta(ctx, img.Key)
 		if err != nil {
-			return Image{}, fmt.Errorf("save image %s: %w", img.Key, err)
+			return fmt.Errorf("save image %s: %w", img.Key, unavailable(err))
 		}
 		if info != nil && (!info.Deleted || info.Chunks > 0) {
 			// Stored, or removed with its chunks still there: published
@@ -118,16 +145,28 @@ func (o *ObjectStore) Save(ctx context.Context, r io.Reader, maxSize int64) (Ima
 				continue
 			}
 			if err != nil {
-				return Image{}, fmt.Errorf("save image %s: %w", img.Key, err)
+				return fmt.Errorf("save image %s: %w", img.Key, unavailable(err))
 			}
-			return img, nil
+			return nil
 		}
 		_, err = o.obs.Put(ctx, jetstream.ObjectMeta{Name: img.Key}, io.NewSectionReader(up.content(), 0, up.size))
 		if err != nil {
-			return Image{}, fmt.Errorf("save image %s: %w", img.Key, err)
+			return fmt.Errorf("save image %s: %w", img.Key, unavailable(err))
 		}
-		return img, nil
+		return nil
 	}
+}
+
+// unavailable marks the errors of a bucket that cannot be reached or has
+// no leader as domain.ErrUnavailable (503, retry), keeping the original.
+func unavailable(err error) error {
+	if errors.Is(err, domain.ErrUnavailable) {
+		return err
+	}
+	if c := events.Classify(err); errors.Is(c, domain.ErrUnavailable) {
+		return c
+	}
+	return err
 }
 
 // Sync implements Store: nothing to do, since the server acknowledged every
@@ -147,7 +186,7 @@ func (o *ObjectStore) Open(ctx context.Context, key string) (io.ReadCloser, Imag
 		return nil, Image{}, fmt.Errorf("image %s: %w", key, domain.ErrNotFound)
 	}
 	if err != nil {
-		return nil, Image{}, fmt.Errorf("open image %s: %w", key, err)
+		return nil, Image{}, fmt.Errorf("open image %s: %w", key, unavailable(err))
 	}
 	info, err := res.Info()
 	if err != nil {

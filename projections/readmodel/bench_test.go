@@ -22,13 +22,15 @@ import (
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/activity"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
 // BenchmarkReplay measures, in one run: the events/s the read model projector
 // applies during a full replay of 100 000 mixed events, the raw rate at which
 // an ordered consumer reads the same stream, and their ratio; with the CPU
-// time the replay took in this process, in Postgres and in NATS. NATS runs in
+// time the replay took in this process, in Postgres and in NATS; then the
+// same replay by the activity projector, and its ratio to the same raw rate. NATS runs in
 // a process of its own, as the service runs it (`feed nats`, this test binary
 // here). FEED_BENCH_CPUPROFILE names a file for a CPU profile of the replay
 // alone.
@@ -84,15 +86,46 @@ func BenchmarkReplay(b *testing.B) {
 			b.Fatal(err)
 		}
 		pool.Close()
+		act := activityReplay(b, log, pg.URL(), uint64(n))
 		b.ReportMetric(applied, "applied-events/s")
 		b.ReportMetric(raw, "raw-read-events/s")
 		b.ReportMetric(applied/raw, "ratio")
 		b.ReportMetric(goCPU.Seconds(), "go-cpu-s")
 		b.ReportMetric(pgCPU.Seconds(), "postgres-cpu-s")
 		b.ReportMetric(natsCPU.Seconds(), "nats-cpu-s")
-		fmt.Fprintf(os.Stderr, "replay of %d events: projector %.0f events/s, raw ordered read %.0f events/s, ratio %.2f; CPU: Go %.2fs, Postgres %.2fs, NATS %.2fs\n",
-			n, applied, raw, applied/raw, goCPU.Seconds(), pgCPU.Seconds(), natsCPU.Seconds())
+		b.ReportMetric(act, "activity-events/s")
+		b.ReportMetric(act/raw, "activity-ratio")
+		fmt.Fprintf(os.Stderr, "replay of %d events: projector %.0f events/s, raw ordered read %.0f events/s, ratio %.2f; CPU: Go %.2fs, Postgres %.2fs, NATS %.2fs; activity %.0f events/s, ratio %.2f\n",
+			n, applied, raw, applied/raw, goCPU.Seconds(), pgCPU.Seconds(), natsCPU.Seconds(), act, act/raw)
 	}
+}
+
+// activityReplay is the events/s of the activity projector replaying the
+// first n events of log into an emptied activity.
+func activityReplay(b *testing.B, log *events.Log, url string, n uint64) float64 {
+	ctx := context.Background()
+	pool, err := readmodel.OpenPool(ctx, url, migrations.ActivitySchema, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `TRUNCATE posts, items; DELETE FROM projector_checkpoints`); err != nil {
+		b.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	r := projections.NewRunner(log, activity.NewProjector(pool, nil, activity.Config{}), projections.RunnerConfig{BatchSize: benchBatch()}, nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(rctx) }()
+	for r.Position() < n {
+		time.Sleep(5 * time.Millisecond)
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return rate
 }
 
 // publishMixed appends n events in a realistic mix: a fifth posts, then

@@ -14,6 +14,7 @@ import (
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/pgschema"
 )
 
 // ProjectorName names the read model projector's checkpoint row, durable
@@ -150,7 +151,7 @@ const (
 	// advanceCheckpoint refuses a write under an older epoch than the last
 	// (migration 5): the transaction fails, and every write of the batch
 	// with it.
-	advanceCheckpoint = `SELECT advance_checkpoint($1, $2, $3)`
+	advanceCheckpoint = pgschema.AdvanceCheckpoint
 )
 
 // apply runs a batch in one transaction of two round trips: BEGIN, the lock
@@ -289,8 +290,8 @@ func commitResults(results pgx.BatchResults, owner []uint64) error {
 			switch {
 			case errors.As(err, &pgErr) && pgErr.Code == checkpointElsewhere:
 				return fmt.Errorf("%w: %w", errBatchBefore, err)
-			case errors.As(err, &pgErr) && pgErr.Code == checkpointFenced:
-				return fmt.Errorf("%w: %s", projections.ErrFenced, pgErr.Message)
+			case pgschema.Fenced(err) != nil:
+				return pgschema.Fenced(err)
 			case seq != 0 && isDataError(err):
 				return &projections.EventError{Seq: seq, Err: err}
 			}
@@ -371,9 +372,6 @@ var errBatchBefore = errors.New("the batch sent before this one was not applied"
 
 // checkpointElsewhere is the error lock_checkpoint_at raises.
 const checkpointElsewhere = "FE001"
-
-// checkpointFenced is the error advance_checkpoint raises.
-const checkpointFenced = "FE002"
 
 // planAhead plans batch from what is known, in pr, as the writes of one
 // transaction that takes effect only after the batch sent before it (see

@@ -2,157 +2,33 @@ package readmodel
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/pgschema"
 )
 
-// The schemas of a rebuild: the shadow it builds and the replaced read model
-// it leaves to be dropped.
-const (
-	ShadowSchema = migrations.Schema + "_next"
-	oldSchema    = migrations.Schema + "_old"
-)
+// schema is the read model's: its live schema, its projector and its
+// migrations.
+var schema = pgschema.Config{Live: migrations.Schema, Projector: ProjectorName, Migrate: migrations.Up}
 
-// rebuildLockKey is the advisory lock a rebuild holds for its whole run.
-const rebuildLockKey = "feed.rebuild." + ProjectorName
+// ShadowSchema is the schema a rebuild builds.
+var ShadowSchema = schema.Shadow()
 
 // Rebuild is the read model being rebuilt in a shadow schema beside the live
-// one (a projections.Shadow). It holds a session lock that other rebuilds
-// refuse on, released by Close or when the process dies.
+// one (a projections.Shadow; see pgschema.Rebuild).
 type Rebuild struct {
 	*Projector
-	conn *pgx.Conn // holds the lock; runs the switch
-	pool *pgxpool.Pool
+	*pgschema.Rebuild
 }
 
 // OpenRebuild takes the rebuild lock and opens the shadow: the one an
 // interrupted rebuild left, to resume, or a new one when there is none or
 // fresh is set.
-func OpenRebuild(ctx context.Context, url string, fresh bool, metrics *projections.Metrics) (_ *Rebuild, err error) {
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return nil, fmt.Errorf("connect postgres: %w", pgFailure(err))
-	}
-	defer func() {
-		if err != nil {
-			_ = conn.Close(context.WithoutCancel(ctx))
-		}
-	}()
-	var locked bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, rebuildLockKey).Scan(&locked); err != nil {
-		return nil, fmt.Errorf("rebuild lock: %w", pgFailure(err))
-	}
-	if !locked {
-		return nil, fmt.Errorf("%s: %w", ProjectorName, projections.ErrRebuildRunning)
-	}
-	// A switch that committed but was not cleaned up.
-	if err := dropSchema(ctx, conn, oldSchema); err != nil {
-		return nil, err
-	}
-	if fresh {
-		if err := dropSchema(ctx, conn, ShadowSchema); err != nil {
-			return nil, err
-		}
-	}
-	if err := migrations.Up(ctx, url, ShadowSchema); err != nil {
-		return nil, err
-	}
-	cfg, err := PoolConfig(url, ShadowSchema)
+func OpenRebuild(ctx context.Context, url string, fresh bool, metrics *projections.Metrics) (*Rebuild, error) {
+	rb, err := pgschema.OpenRebuild(ctx, url, fresh, schema)
 	if err != nil {
 		return nil, err
 	}
-	// The shadow's batches commit without waiting for the WAL flush. A crash
-	// may then lose its last few commits, but no more than that: each takes
-	// its checkpoint with it (they are one transaction), and the WAL is
-	// replayed in order, so the shadow comes back as it was at an earlier
-	// checkpoint, from which the next Replay resumes. Nothing outside the
-	// shadow acts on those commits before the switch, and the switch commits
-	// on conn, synchronously: its commit record flushes the WAL before it,
-	// every shadow commit included. (The live projector's commits stay
-	// synchronous: readers act on them.)
-	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect postgres: %w", pgFailure(err))
-	}
-	return &Rebuild{Projector: NewProjector(pool, metrics), conn: conn, pool: pool}, nil
-}
-
-func dropSchema(ctx context.Context, conn *pgx.Conn, schema string) error {
-	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-		return fmt.Errorf("drop schema %s: %w", schema, pgFailure(err))
-	}
-	return nil
-}
-
-// Close releases the lock and the shadow's connections. The lock is released
-// by name first: the end of its session frees it too, but only once the
-// server has handled the disconnection, after Close returns, and a rebuild
-// opened right after this one closes must find it free.
-func (r *Rebuild) Close() {
-	r.pool.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, _ = r.conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, rebuildLockKey)
-	_ = r.conn.Close(ctx)
-}
-
-// Switch implements projections.Shadow. In one transaction it locks the live
-// checkpoint table, which stops the live projector before its next batch (it
-// locks its checkpoint first), brings the shadow to the live position, and
-// swaps the schemas' names. The live projector's waiting batch then resolves
-// its tables anew, in the new read model, where the checkpoint is at least its
-// own; readers' next statements read the new one (no prepared statements hold
-// the old tables: see PoolConfig).
-func (r *Rebuild) Switch(ctx context.Context, catchUp func(context.Context, uint64) error) error {
-	tx, err := r.conn.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("begin: %w", pgFailure(err))
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	live := pgx.Identifier{migrations.Schema}.Sanitize()
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '30s'"); err != nil {
-		return fmt.Errorf("switch: %w", pgFailure(err))
-	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+live+".projector_checkpoints IN ACCESS EXCLUSIVE MODE"); err != nil {
-		return fmt.Errorf("lock the live checkpoint: %w", pgFailure(err))
-	}
-	var pos, epoch int64
-	err = tx.QueryRow(ctx, "SELECT position, epoch FROM "+live+".projector_checkpoints WHERE projector = $1", ProjectorName).Scan(&pos, &epoch)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("live checkpoint: %w", pgFailure(err))
-	}
-	if err := catchUp(ctx, uint64(pos)); err != nil {
-		return err
-	}
-	// The live projector's lease fences the new read model as it did the old.
-	if _, err := tx.Exec(ctx, "UPDATE "+pgx.Identifier{ShadowSchema}.Sanitize()+".projector_checkpoints SET epoch = $2 WHERE projector = $1",
-		ProjectorName, epoch); err != nil {
-		return fmt.Errorf("switch: %w", pgFailure(err))
-	}
-	if _, err := tx.Exec(ctx, "ALTER SCHEMA "+live+" RENAME TO "+pgx.Identifier{oldSchema}.Sanitize()); err != nil {
-		return fmt.Errorf("switch: %w", pgFailure(err))
-	}
-	if _, err := tx.Exec(ctx, "ALTER SCHEMA "+pgx.Identifier{ShadowSchema}.Sanitize()+" RENAME TO "+live); err != nil {
-		return fmt.Errorf("switch: %w", pgFailure(err))
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("switch: %w", pgFailure(err))
-	}
-	// Its search path names a schema that no longer exists.
-	r.pool.Close()
-	return nil
-}
-
-// Cleanup implements projections.Shadow: it drops the replaced read model,
-// once the statements still reading it have finished.
-func (r *Rebuild) Cleanup(ctx context.Context) error {
-	return dropSchema(ctx, r.conn, oldSchema)
+	return &Rebuild{Projector: NewProjector(rb.Pool(), metrics), Rebuild: rb}, nil
 }

@@ -4,19 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"net"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections/pgschema"
 )
 
 // checkpointName is the projector_checkpoints row whose position Position
@@ -151,27 +148,9 @@ func queryError(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// unreachable tells a failure to reach Postgres (no connection, a connection
-// lost, a server shutting down or refusing connections, a deadline) from a
-// failure of the query itself.
-func unreachable(err error) bool {
-	var (
-		connErr *pgconn.ConnectError
-		netErr  net.Error
-		pgErr   *pgconn.PgError
-	)
-	switch {
-	case errors.As(err, &connErr), errors.As(err, &netErr),
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, io.ErrUnexpectedEOF),
-		pgconn.SafeToRetry(err), pgconn.Timeout(err):
-		return true
-	case errors.As(err, &pgErr):
-		// 08: connection exception; 57P01-57P03: admin/crash shutdown, cannot
-		// connect now; 53300: too many connections.
-		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300"
-	}
-	return false
-}
+// unreachable tells a failure to reach Postgres from a failure of the query
+// itself.
+func unreachable(err error) bool { return pgschema.Unreachable(err) }
 
 // fetchSize is how many rows a page query asks for: one more than a page, so
 // that the extra row tells whether another page follows without a count.

@@ -25,10 +25,16 @@ type Config struct {
 	// LeaseTTL is how long a projector role's lease outlives its holder's
 	// last renewal (FEED_LEASE_TTL).
 	LeaseTTL time.Duration
+	// ResumeWindow is how far back a stream resumes (FEED_RESUME_WINDOW).
+	ResumeWindow time.Duration
 
 	NATSURL     string
 	RedisURL    string
 	DatabaseURL string
+	// RedisReplicaAcks is how many replicas each projector write to Redis
+	// waits for (FEED_REDIS_REPLICA_ACKS); -1 when unset: 1 on a cluster,
+	// 0 on one server (see RedisReplicaAcksFor).
+	RedisReplicaAcks int
 
 	// The NATS server started when NATSURL is empty (feed nats).
 	NATSPort     int
@@ -48,7 +54,10 @@ type Config struct {
 	PageCache int
 	// MaintenanceRate is the inboxes checked per second (FEED_MAINTENANCE_RATE).
 	MaintenanceRate int
-	InboxTTL        time.Duration
+	// ActivityKeep is how many items a user's activity keeps at least
+	// (FEED_ACTIVITY_KEEP).
+	ActivityKeep int
+	InboxTTL     time.Duration
 
 	// MediaGrace is how long an image is kept after its last upload and
 	// after the deletion of the post that showed it (FEED_MEDIA_GRACE).
@@ -96,9 +105,10 @@ const (
 	RoleReadModel = "readmodel" // the Postgres read model projector
 	RolePlanner   = "planner"   // the feed projector's first stage
 	RoleAppliers  = "appliers"  // the feed projector's second stage (a share of the partitions)
+	RoleActivity  = "activity"  // the activity projector (Postgres)
 )
 
-var knownRoles = []string{RoleAPI, RoleReadModel, RolePlanner, RoleAppliers}
+var knownRoles = []string{RoleAPI, RoleReadModel, RolePlanner, RoleAppliers, RoleActivity}
 
 // Variable is one documented environment variable.
 type Variable struct {
@@ -110,7 +120,7 @@ var Variables = []Variable{
 	{"FEED_HTTP_ADDR", ":8080", "HTTP listen address."},
 	{"FEED_DATA_DIR", ".data", "Data directory: the NATS store (when NATS_URL is unset), media, and in dev mode Redis and Postgres data."},
 	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 16 bytes; required by `serve`. `dev` and `token` use a fixed development secret when it is unset."},
-	{"FEED_ROLES", "api,readmodel,planner,appliers", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector), `planner` and `appliers` (the two stages of the Redis feed projector). A projector role may run in several processes: one is active and the others stand by (`readmodel`, `planner`), or they share the partitions (`appliers`)."},
+	{"FEED_ROLES", "api,readmodel,planner,appliers,activity", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector), `planner` and `appliers` (the two stages of the Redis feed projector), `activity` (the activity projector, Postgres). A projector role may run in several processes: one is active and the others stand by (`readmodel`, `planner`, `activity`), or they share the partitions (`appliers`)."},
 	{"FEED_INBOX_CAP", "500", "Posts kept per home feed inbox in Redis: the newest, and up to 100 more before a trim."},
 	{"FEED_OUTBOX_CAP", "500", "Posts kept per author outbox in Redis."},
 	{"FEED_INBOX_TTL", "168h", "Inboxes of users who have not read their feed for this long expire and stop receiving pushes."},
@@ -118,6 +128,7 @@ var Variables = []Variable{
 	{"FEED_PARTITIONS", "4", "Applier partitions of the feed projector (by recipient)."},
 	{"FEED_POST_CACHE", "100000", "Hydrated posts the API keeps in memory for GET /feed (about 1 KiB each), kept current by following the log; 0 hydrates every page from Postgres."},
 	{"FEED_PAGE_CACHE", "50000", "Home feed pages the API keeps in memory (about 400 bytes each), kept current by Redis's client-side caching invalidations; 0 reads every page from Redis."},
+	{"FEED_ACTIVITY_KEEP", "1000", "Items of a user's activity kept at least: the newest; older ones are trimmed once a tenth as many more have come."},
 	{"FEED_MAINTENANCE_RATE", "2", "Inboxes the maintenance round checks per second (each check reads every followee's outbox and holds the feed planner meanwhile)."},
 	{"FEED_MEDIA_GRACE", "1h", "Images are kept at least this long after their last upload, and after the post that showed them was deleted; older ones no post references are removed. At least 5m."},
 	{"FEED_MEDIA_COLLECT_INTERVAL", "1h", "How often the api role removes the images no post references and compacts the media packs; 0 only on `POST /admin/media/collect`."},
@@ -128,9 +139,11 @@ var Variables = []Variable{
 	{"FEED_SHUTDOWN_TIMEOUT", "20s", "How long shutdown waits for in-flight work."},
 	{"FEED_CONSISTENCY_WAIT", "2s", "Longest wait of a read for X-Min-Position."},
 	{"FEED_LEASE_TTL", "5s", "How long a projector role's lease (in the JetStream bucket FEED_LEASES) outlives the last renewal of the process holding it: a standby takes over about this and a second after the active process dies. The same in every process; at least 1s."},
+	{"FEED_RESUME_WINDOW", "10m", "How far back GET /stream resumes from a Last-Event-ID; an older position gets a reset."},
 	{"FEED_NATS_PORT", "4222", "Loopback client port of the NATS server started when NATS_URL is unset (so the nats CLI connects with no flags); 0 picks a free one."},
 	{"FEED_NATS_SYNC", "always", "That server's JetStream fsync policy: always (acknowledged = on disk) or an interval such as 2m."},
 	{"FEED_STREAM", "FEED_EVENTS", "Name of the event stream."},
+	{"FEED_REDIS_REPLICA_ACKS", "", "How many replicas of the Redis node that takes a projector's write must have it before the write counts as done (Redis's WAIT), so that a master lost in a failover takes no acknowledged inbox or follow with it. Unset: 1 on a Redis Cluster, 0 on one server. A node whose replicas do not answer within 1 s is written to without waiting for 5 s, and `feed_redis_replica_acks_short_total` counts it; set 0 on a cluster without replicas."},
 	{"FEED_STREAM_REPLICAS", "", "Replicas of every stream the service creates (3 on a JetStream cluster); unset keeps an existing stream's and creates new ones with 1. Only serve and dev apply it; tools never change a stream."},
 	{"FEED_DEDUP_WINDOW", "10m", "How long an Idempotency-Key / event id is remembered."},
 	{"FEED_DEV_REDIS_PORT", "16379", "dev: loopback port of the child Redis."},
@@ -185,6 +198,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		ShutdownTimeout:  duration("FEED_SHUTDOWN_TIMEOUT"),
 		ConsistencyWait:  duration("FEED_CONSISTENCY_WAIT"),
 		LeaseTTL:         duration("FEED_LEASE_TTL"),
+		ResumeWindow:     duration("FEED_RESUME_WINDOW"),
 		NodeID:           integer("FEED_NODE_ID", 0, 255),
 		NATSURL:          get("NATS_URL"),
 		RedisURL:         get("REDIS_URL"),
@@ -193,6 +207,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		NATSSync:         get("FEED_NATS_SYNC"),
 		StreamName:       get("FEED_STREAM"),
 		Replicas:         optional(integer, "FEED_STREAM_REPLICAS", 1, 5),
+		RedisReplicaAcks: -1,
 		DedupWindow:      duration("FEED_DEDUP_WINDOW"),
 		DevRedisPort:     integer("FEED_DEV_REDIS_PORT", 0, 65535),
 		DevRedisRealtime: integer("FEED_DEV_REDIS_REALTIME", 0, 99),
@@ -205,10 +220,14 @@ func Parse(getenv func(string) string) (Config, error) {
 		PostCache:        integer("FEED_POST_CACHE", 0, 10_000_000),
 		PageCache:        integer("FEED_PAGE_CACHE", 0, 10_000_000),
 		MaintenanceRate:  integer("FEED_MAINTENANCE_RATE", 1, 100_000),
+		ActivityKeep:     integer("FEED_ACTIVITY_KEEP", 10, 1_000_000),
 
 		MediaGrace:           duration("FEED_MEDIA_GRACE"),
 		MediaCollectInterval: duration("FEED_MEDIA_COLLECT_INTERVAL"),
 		MediaStore:           get("FEED_MEDIA_STORE"),
+	}
+	if get("FEED_REDIS_REPLICA_ACKS") != "" {
+		cfg.RedisReplicaAcks = integer("FEED_REDIS_REPLICA_ACKS", 0, 5)
 	}
 	if cfg.MediaStore != MediaPack && cfg.MediaStore != MediaObjectStore {
 		errs = append(errs, fmt.Sprintf("FEED_MEDIA_STORE=%q is not %s or %s", cfg.MediaStore, MediaPack, MediaObjectStore))

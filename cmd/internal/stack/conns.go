@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/feedproject/feed/migrations"
+	"github.com/feedproject/feed/projections/activity"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -81,31 +82,39 @@ func Connect(ctx context.Context, cfg Config) *Conns {
 type Positions struct {
 	At        time.Time
 	ReadModel *uint64
+	Activity  *uint64
 	// Planned is the feed planner's own position, Applied the appliers'.
 	Planned *uint64
 	Applied *uint64
 	Errs    map[string]string
 }
 
+// checkpoint reads the checkpoint of a projector whose state is in schema;
+// nil, with the reason in errs, when it cannot.
+func (c *Conns) checkpoint(ctx context.Context, schema, projector string, errs map[string]string) *uint64 {
+	if c.Postgres == nil {
+		errs[projector] = "postgres unavailable: " + c.Errs["postgres"]
+		return nil
+	}
+	var pos int64
+	err := c.Postgres.QueryRow(ctx, "SELECT position FROM "+pgx.Identifier{schema, "projector_checkpoints"}.Sanitize()+
+		" WHERE projector = $1", projector).Scan(&pos)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err, pos = nil, 0
+	}
+	if err != nil {
+		errs[projector] = fmt.Sprintf("read checkpoint: %v", err)
+		return nil
+	}
+	p := uint64(pos)
+	return &p
+}
+
 // Positions reads how far the projectors are.
 func (c *Conns) Positions(ctx context.Context) Positions {
 	s := Positions{At: time.Now(), Errs: map[string]string{}}
-	if c.Postgres == nil {
-		s.Errs[readmodel.ProjectorName] = "postgres unavailable: " + c.Errs["postgres"]
-	} else {
-		var pos int64
-		err := c.Postgres.QueryRow(ctx, `SELECT position FROM projector_checkpoints WHERE projector = $1`,
-			readmodel.ProjectorName).Scan(&pos)
-		if errors.Is(err, pgx.ErrNoRows) {
-			err, pos = nil, 0
-		}
-		if err != nil {
-			s.Errs[readmodel.ProjectorName] = fmt.Sprintf("read checkpoint: %v", err)
-		} else {
-			rm := uint64(pos)
-			s.ReadModel = &rm
-		}
-	}
+	s.ReadModel = c.checkpoint(ctx, migrations.Schema, readmodel.ProjectorName, s.Errs)
+	s.Activity = c.checkpoint(ctx, migrations.ActivitySchema, activity.ProjectorName, s.Errs)
 	if c.Feeds == nil {
 		s.Errs[fanout.PlannerName] = "redis unavailable: " + c.Errs["redis"]
 		return s

@@ -3,6 +3,7 @@ package localstacktest_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +17,8 @@ import (
 
 // TestRedisClusterServesEverySlotAndFailsOver: the harness's cluster takes
 // keys of every slot, and when a master is killed its replica takes over
-// within seconds with the keys written before.
+// within seconds with the keys written before. Restarted, the old master
+// rejoins as the replica of the one that took its slots, and syncs them.
 func TestRedisClusterServesEverySlotAndFailsOver(t *testing.T) {
 	c := localstacktest.RedisClusterForTest(t)
 	rdb := c.Client(t)
@@ -68,4 +70,17 @@ func TestRedisClusterServesEverySlotAndFailsOver(t *testing.T) {
 			require.Equal(t, i, v, "key %d after the failover", i)
 		}
 	}, 10*time.Second, 100*time.Millisecond)
+
+	c.Restart(0)
+	old := redis.NewClient(&redis.Options{Addr: c.Nodes[0].Addr()})
+	defer old.Close()
+	require.Eventually(t, func() bool {
+		info, err := old.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "role:slave") && strings.Contains(info, "master_link_status:up")
+	}, 30*time.Second, 100*time.Millisecond, "the old master rejoined as a replica")
+	require.NoError(t, old.Do(ctx, "READONLY").Err())
+	n, err := old.DBSize(ctx).Result()
+	require.NoError(t, err)
+	assert.Equal(t, masters[c.Nodes[0].Addr()], n, "the rejoined node holds its old slots' keys again")
+	require.NoError(t, c.WaitHealthy(wait))
 }

@@ -1,0 +1,780 @@
+package http
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections/readmodel"
+)
+
+// StreamConfig holds GET /stream's optional knobs; the zero value works.
+type StreamConfig struct {
+	// Window is how far back a stream resumes: a Last-Event-ID whose next
+	// event is older gets a reset. Default 10m.
+	Window time.Duration
+	// PerUser is the most streams one user holds open on this process; the
+	// next is answered 429. Default 5.
+	PerUser int
+	// Buffer is how many events a stream may have waiting to be written; a
+	// client that lets more pile up is disconnected. Default 256.
+	Buffer int
+	// Ping is how long a stream stays silent before a ping; default 15s.
+	Ping time.Duration
+	// WriteTimeout bounds each write to a client; default 10s.
+	WriteTimeout time.Duration
+	// HydrateWait bounds how long a post's announcement waits for the read
+	// model to reach it before the post is written from its event; default 2s.
+	HydrateWait time.Duration
+}
+
+func (c StreamConfig) withDefaults() StreamConfig {
+	if c.Window <= 0 {
+		c.Window = 10 * time.Minute
+	}
+	if c.PerUser <= 0 {
+		c.PerUser = 5
+	}
+	if c.Buffer <= 0 {
+		c.Buffer = 256
+	}
+	if c.Ping <= 0 {
+		c.Ping = 15 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 10 * time.Second
+	}
+	if c.HydrateWait <= 0 {
+		c.HydrateWait = 2 * time.Second
+	}
+	return c
+}
+
+// StreamActivity is where the activity events of GET /stream come from: the
+// activity projection's items as the log makes them.
+type StreamActivity interface {
+	// ActivityItems returns, in order, the items of activity that rec makes
+	// for the users wants accepts. It must depend on the log up to rec alone:
+	// a resumed stream reads the same records again and must get the same
+	// items.
+	ActivityItems(ctx context.Context, rec events.Record, wants func(domain.UserID) bool) ([]ActivityItem, error)
+}
+
+// ActivityItem is one item of a user's activity, as GET /activity shows it.
+type ActivityItem struct {
+	User domain.UserID
+	// JSON is the item's body.
+	JSON []byte
+}
+
+// StreamDeps are what the streams need; Log is required.
+type StreamDeps struct {
+	Log *events.Log
+	// Model is the read model, whose position a post's announcement waits
+	// for, and which hydrates it unless Posts does; without it a post is
+	// written from its event.
+	Model HomeFeedModel
+	Posts FeedPosts
+	// Activity, if set, adds activity events.
+	Activity   StreamActivity
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Streams serves GET /stream. One reader of the log (Run) finds, for each
+// event, the connected viewers it concerns, through an index of their
+// followees: its work grows with the connected viewers, not with followers.
+// A stream that starts behind that reader (a resumption) reads the log itself
+// until it reaches it, then joins it.
+type Streams struct {
+	log           *events.Log
+	cfg           StreamConfig
+	posts         FeedPosts
+	model         *sharedPosition
+	activity      StreamActivity
+	logger        *slog.Logger
+	now           func() time.Time
+	metrics       *streamMetrics
+	hydrateFailed *sampledLog
+
+	ready chan struct{} // closed once Run knows where it starts
+	done  chan struct{} // closed by Close
+
+	mu sync.Mutex
+	// begun is the event being dispatched (last while none is): a stream
+	// joins only at or past it, so none misses or repeats it.
+	begun, last uint64
+	closed      bool
+	readyOnce   sync.Once
+	byAuthor    map[domain.UserID]map[*viewer]struct{}
+	byUser      map[domain.UserID]map[*viewer]struct{}
+	open        map[domain.UserID]int
+}
+
+// NewStreams returns the streams of deps' log; Run feeds them.
+func NewStreams(deps StreamDeps, cfg StreamConfig) *Streams {
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Streams{
+		log: deps.Log, cfg: cfg.withDefaults(), posts: deps.Posts, activity: deps.Activity,
+		logger: deps.Logger, now: deps.Now, metrics: newStreamMetrics(deps.Registerer),
+		hydrateFailed: newSampledLog(),
+		ready:         make(chan struct{}), done: make(chan struct{}),
+		byAuthor: map[domain.UserID]map[*viewer]struct{}{}, byUser: map[domain.UserID]map[*viewer]struct{}{},
+		open: map[domain.UserID]int{},
+	}
+	if deps.Model != nil {
+		s.model = &sharedPosition{lookup: deps.Model.Position, ttl: positionReuse}
+		if s.posts == nil {
+			s.posts = modelPosts{model: deps.Model}
+		}
+	}
+	return s
+}
+
+// errCaughtUp ends a read of the log that reached where it was going.
+var errCaughtUp = errors.New("caught up")
+
+// Run reads the log from its head and dispatches each event to the streams
+// it concerns, until ctx ends. A failed read is retried from the event after
+// the last dispatched.
+func (s *Streams) Run(ctx context.Context) error {
+	err := events.RetryUnavailable(ctx, s.logger, "streams: read the log's head", func() error {
+		head, err := s.log.Head(ctx)
+		if err == nil {
+			s.mu.Lock()
+			s.begun, s.last = head, head
+			s.mu.Unlock()
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	s.readyOnce.Do(func() { close(s.ready) })
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		s.mu.Lock()
+		from := s.last + 1
+		s.mu.Unlock()
+		err := s.log.Read(ctx, events.ReadOptions{FromSeq: from, IncludeUnknown: true}, func(rec events.Record) error {
+			backoff = 100 * time.Millisecond
+			return s.dispatch(ctx, rec)
+		})
+		if ctx.Err() != nil {
+			return nil //nolint:nilerr // stopped: the read's error is the stop
+		}
+		s.logger.Warn("streams: reading the log failed; reading again", "from", from, "err", err, "after", backoff)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	return nil
+}
+
+// Close ends every stream, each at a point a client resumes from, and
+// refuses new ones: before the server's shutdown, which waits for them.
+func (s *Streams) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+	}
+}
+
+// dispatch hands rec's events to the joined streams it concerns.
+func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
+	s.mu.Lock()
+	if rec.Seq <= s.last {
+		s.mu.Unlock()
+		return nil
+	}
+	if rec.Seq != s.last+1 {
+		s.mu.Unlock()
+		return fmt.Errorf("streams: event %d came after %d", rec.Seq, s.last)
+	}
+	s.begun = rec.Seq
+	s.mu.Unlock()
+	var items []ActivityItem
+	if s.activity != nil && rec.Event != nil {
+		var err error
+		items, err = s.activity.ActivityItems(ctx, rec, s.joined)
+		if err != nil {
+			s.mu.Lock()
+			s.begun = s.last
+			s.mu.Unlock()
+			return fmt.Errorf("streams: activity of event %d: %w", rec.Seq, err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	visit := func(set map[*viewer]struct{}) {
+		for v := range set {
+			s.deliver(v, rec, items)
+		}
+	}
+	switch e := rec.Event.(type) {
+	case events.PostCreated:
+		visit(s.byAuthor[e.UserID])
+	case events.PostDeleted:
+		visit(s.byAuthor[e.UserID])
+	case events.UserFollowed:
+		visit(s.byUser[e.FollowerID])
+	case events.UserUnfollowed:
+		visit(s.byUser[e.FollowerID])
+	}
+	for _, it := range items {
+		visit(s.byUser[it.User])
+	}
+	s.last = rec.Seq
+	return nil
+}
+
+// joined reports whether user has a joined stream.
+func (s *Streams) joined(user domain.UserID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byUser[user]) > 0
+}
+
+// deliver queues v's events of rec, keeping the followee index current; a
+// stream whose queue is full is dropped. The caller holds mu.
+func (s *Streams) deliver(v *viewer, rec events.Record, items []ActivityItem) {
+	if !v.attached || rec.Seq <= v.pos {
+		return
+	}
+	v.pos = rec.Seq // visited once, whatever index it is found by
+	for _, ev := range v.events(rec, items) {
+		switch ev.kind {
+		case kindFollow:
+			addViewer(s.byAuthor, ev.user, v)
+		case kindUnfollow:
+			removeViewer(s.byAuthor, ev.user, v)
+		}
+		ev.live = true
+		select {
+		case v.queue <- ev:
+		default:
+			// Its writer may be blocked on the connection for as long as a
+			// write may take: closing the connection frees it now.
+			s.detach(v)
+			close(v.slow)
+			s.metrics.slow.Inc()
+			if v.hangUp != nil {
+				v.hangUp()
+			}
+			return
+		}
+	}
+}
+
+func addViewer(index map[domain.UserID]map[*viewer]struct{}, key domain.UserID, v *viewer) {
+	set := index[key]
+	if set == nil {
+		set = map[*viewer]struct{}{}
+		index[key] = set
+	}
+	set[v] = struct{}{}
+}
+
+func removeViewer(index map[domain.UserID]map[*viewer]struct{}, key domain.UserID, v *viewer) {
+	delete(index[key], v)
+	if len(index[key]) == 0 {
+		delete(index, key)
+	}
+}
+
+// attach joins v to the dispatch. The caller holds mu.
+func (s *Streams) attach(v *viewer) {
+	v.attached = true
+	addViewer(s.byUser, v.user, v)
+	for f := range v.follows {
+		addViewer(s.byAuthor, f, v)
+	}
+}
+
+// detach takes v out of the dispatch. The caller holds mu.
+func (s *Streams) detach(v *viewer) {
+	if !v.attached {
+		return
+	}
+	v.attached = false
+	removeViewer(s.byUser, v.user, v)
+	for f := range v.follows {
+		removeViewer(s.byAuthor, f, v)
+	}
+}
+
+// reserve counts a stream of user, refusing one over the limit.
+func (s *Streams) reserve(user domain.UserID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("the service is shutting down: %w", domain.ErrUnavailable)
+	}
+	if s.open[user] >= s.cfg.PerUser {
+		s.metrics.refused.Inc()
+		return fmt.Errorf("user %d has %d streams open, the most one user may: %w", user, s.open[user], domain.ErrTooMany)
+	}
+	s.open[user]++
+	s.metrics.open.Inc()
+	return nil
+}
+
+func (s *Streams) release(user domain.UserID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open[user]--; s.open[user] <= 0 {
+		delete(s.open, user)
+	}
+	s.metrics.open.Dec()
+}
+
+// start decides where a stream begins: after the log's head for a new one;
+// after resume for one resumed within the window; else after the head, with
+// a reset first.
+func (s *Streams) start(ctx context.Context, resume *uint64) (from uint64, reset bool, err error) {
+	head, err := s.log.Head(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	if resume == nil {
+		return head, false, nil
+	}
+	r := *resume
+	switch {
+	case r > head:
+		return head, true, nil
+	case r == head:
+		return r, false, nil
+	}
+	next, err := s.log.Get(ctx, r+1)
+	if err != nil {
+		return 0, false, err
+	}
+	if s.now().Sub(next.OccurredAt) > s.cfg.Window {
+		return head, true, nil
+	}
+	return r, false, nil
+}
+
+// followsAt is user's followees just after the event at pos, from the log:
+// exact at any position, for the cost of reading user's follow events.
+func (s *Streams) followsAt(ctx context.Context, user domain.UserID, pos uint64) (map[domain.UserID]struct{}, error) {
+	follows := map[domain.UserID]struct{}{}
+	if pos == 0 {
+		return follows, nil
+	}
+	filter := fmt.Sprintf("%s.%d.%s.>", events.SubjectPrefix, user, events.KindFollow)
+	err := s.log.Read(ctx, events.ReadOptions{Filters: []string{filter}, StopAtEnd: true}, func(rec events.Record) error {
+		if rec.Seq > pos {
+			return errCaughtUp
+		}
+		switch e := rec.Event.(type) {
+		case events.UserFollowed:
+			follows[e.FolloweeID] = struct{}{}
+		case events.UserUnfollowed:
+			delete(follows, e.FolloweeID)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errCaughtUp) {
+		return nil, fmt.Errorf("followees of %d: %w", user, err)
+	}
+	return follows, nil
+}
+
+// join brings v from its position to the dispatcher's, writing the events
+// on the way with write, and attaches it there.
+func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) error) error {
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return errStreamsClosed
+		}
+		target := s.begun
+		if v.pos >= target {
+			s.attach(v)
+			s.mu.Unlock()
+			return nil
+		}
+		s.mu.Unlock()
+		err := s.log.Read(ctx, events.ReadOptions{FromSeq: v.pos + 1, IncludeUnknown: true}, func(rec events.Record) error {
+			var items []ActivityItem
+			if s.activity != nil && rec.Event != nil {
+				var err error
+				if items, err = s.activity.ActivityItems(ctx, rec, func(u domain.UserID) bool { return u == v.user }); err != nil {
+					return err
+				}
+			}
+			for _, ev := range v.events(rec, items) {
+				if err := write(ev); err != nil {
+					return err
+				}
+			}
+			v.pos = rec.Seq
+			if rec.Seq >= target {
+				return errCaughtUp
+			}
+			return nil
+		})
+		switch {
+		case errors.Is(err, errCaughtUp):
+		case err != nil:
+			return err
+		default:
+			return ctx.Err()
+		}
+	}
+}
+
+var errStreamsClosed = errors.New("streams closed")
+
+// position is how far v's stream has gone with nothing left to write: the
+// position a ping tells the client, 0 while events are waiting.
+func (s *Streams) position(v *viewer) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !v.attached || len(v.queue) > 0 {
+		return 0
+	}
+	return max(s.last, v.pos)
+}
+
+// Headers of GET /stream.
+const (
+	headerLastEventID = "Last-Event-ID"
+	queryAccessToken  = "access_token"
+)
+
+// registerStream adds GET /stream; without streams it answers 503.
+func registerStream(app *fiber.App, deps Deps) {
+	app.Get("/stream", deps.Auth.streamAuth, func(c *fiber.Ctx) error {
+		if deps.Streams == nil {
+			return fmt.Errorf("no streams are configured: %w", domain.ErrUnavailable)
+		}
+		return deps.Streams.handle(c)
+	})
+}
+
+// streamAuth admits a request with a valid token in its Authorization
+// header or, for a browser's EventSource, which cannot set headers, in the
+// access_token query parameter.
+func (a *Authenticator) streamAuth(c *fiber.Ctx) error {
+	if _, ok, err := bearer(c); ok || err != nil {
+		return a.requireAuth(c)
+	}
+	token := c.Query(queryAccessToken)
+	if token == "" {
+		return fmt.Errorf("a bearer token or the access_token parameter is required: %w", domain.ErrUnauthenticated)
+	}
+	p, err := a.Authenticate(token)
+	if err != nil {
+		return err
+	}
+	c.Locals(principalKey, p)
+	return c.Next()
+}
+
+// handle answers GET /stream: it checks the request, then streams.
+func (s *Streams) handle(c *fiber.Ctx) error {
+	p, _ := principal(c)
+	var resume *uint64
+	if h := c.Get(headerLastEventID); h != "" {
+		r, err := events.ParsePosition(strings.TrimSpace(h))
+		if err != nil {
+			return fmt.Errorf("header %s: %w", headerLastEventID, err)
+		}
+		resume = &r
+	}
+	if err := s.reserve(p.UserID); err != nil {
+		return err
+	}
+	ctx, cancel := queryContext(c)
+	from, reset, err := s.start(ctx, resume)
+	cancel()
+	if err != nil {
+		s.release(p.UserID)
+		return err
+	}
+	switch {
+	case reset:
+		s.metrics.resets.Inc()
+	case resume != nil:
+		s.metrics.resumptions.Inc()
+	}
+	c.Set(fiber.HeaderContentType, "text/event-stream")
+	c.Set(fiber.HeaderCacheControl, "no-cache")
+	c.Set("X-Accel-Buffering", "no")
+	c.Set(headerPosition, events.Position(from))
+	// The connection ends with the stream: it is watched for the client
+	// leaving, which no request after it could share.
+	c.Context().SetConnectionClose()
+	conn := c.Context().Conn()
+	user := p.UserID
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer s.release(user)
+		s.serve(user, from, reset, &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout})
+	})
+	return nil
+}
+
+// serve writes one stream until the client goes, falls behind, or the
+// streams close.
+func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWriter) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	out.watch(cancel)
+	// The response starts at once, before any event.
+	if out.comment("ping") != nil {
+		return
+	}
+	if reset {
+		if out.event(from, "reset", []byte("{}")) != nil {
+			return
+		}
+	}
+	follows, err := s.followsAt(ctx, user, from)
+	if err != nil {
+		s.logger.Warn("stream: followees unknown; the client resumes", "user", user, "err", err)
+		return
+	}
+	v := &viewer{user: user, pos: from, follows: follows,
+		queue: make(chan streamEvent, s.cfg.Buffer), slow: make(chan struct{}), hangUp: out.hangUp}
+	write := func(ev streamEvent) error { return s.write(ctx, out, user, ev) }
+	if err := s.join(ctx, v, write); err != nil {
+		if ctx.Err() == nil && !errors.Is(err, errStreamsClosed) {
+			s.logger.Warn("stream: replay failed; the client resumes", "user", user, "err", err)
+		}
+		return
+	}
+	defer func() {
+		s.mu.Lock()
+		s.detach(v)
+		s.mu.Unlock()
+	}()
+	idle := time.NewTicker(s.cfg.Ping)
+	defer idle.Stop()
+	wrote := false
+	for {
+		select {
+		case ev := <-v.queue:
+			if write(ev) != nil {
+				return
+			}
+			wrote = true
+		case <-v.slow:
+			return
+		case <-idle.C:
+			if wrote {
+				wrote = false
+				continue
+			}
+			if pos := s.position(v); pos > out.lastID {
+				err = out.ping(pos)
+			} else {
+				err = out.comment("ping")
+			}
+			if err != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// write sends one event, hydrating a post for the viewer.
+func (s *Streams) write(ctx context.Context, out *sseWriter, viewer domain.UserID, ev streamEvent) error {
+	var data []byte
+	switch ev.kind {
+	case kindPost:
+		data = appendPost(nil, s.hydrate(ctx, viewer, ev))
+	case kindDelete:
+		data = append(appendString([]byte(`{"id":`), ev.post.String()), '}')
+	case kindFollow, kindUnfollow:
+		data = append(appendString([]byte(`{"user_id":`), ev.user.String()), '}')
+	case kindActivity:
+		data = ev.activity
+	}
+	if err := out.event(ev.seq, ev.kind, data); err != nil {
+		return err
+	}
+	s.metrics.sent.WithLabelValues(ev.kind).Inc()
+	if ev.kind == kindPost && ev.live {
+		s.metrics.delay.Observe(s.now().Sub(ev.occurred).Seconds())
+	}
+	return nil
+}
+
+// hydrate is the post of ev as GET /posts/{id} shows it to viewer, once the
+// read model has applied ev (waiting at most HydrateWait); a post the read
+// model does not have (deleted since, or the read model far behind) is
+// written as its event created it.
+func (s *Streams) hydrate(ctx context.Context, viewer domain.UserID, ev streamEvent) readmodel.Post {
+	if s.model != nil {
+		ctx, cancel := context.WithTimeout(ctx, s.cfg.HydrateWait)
+		defer cancel()
+		if s.awaitModel(ctx, ev.seq) {
+			posts, err := s.posts.Posts(ctx, []domain.PostID{ev.post}, viewer, ev.seq)
+			if err == nil && len(posts) == 1 {
+				return posts[0]
+			}
+			if err != nil {
+				s.hydrateFailed.log(ctx, s.logger, slog.LevelWarn, "stream: hydrate a post; written from its event", "post", ev.post, "err", err)
+			}
+		}
+	}
+	return postOf(ev.created)
+}
+
+// awaitModel waits until the read model has applied seq; false if ctx ends
+// first.
+func (s *Streams) awaitModel(ctx context.Context, seq uint64) bool {
+	for backoff := firstPoll; ; backoff = min(2*backoff, maxPoll) {
+		if pos, err := s.model.get(ctx, seq); err == nil && pos >= seq {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// sseWriter writes Server-Sent Events, each write bounded in time.
+type sseWriter struct {
+	w       *bufio.Writer
+	conn    net.Conn
+	timeout time.Duration
+	// lastID is the last id written.
+	lastID uint64
+}
+
+// watch calls gone when the client closes the connection (or sends
+// anything: a stream's connection carries no other request), so that a
+// stream whose client left ends at once, not at its next write.
+func (o *sseWriter) watch(gone func()) {
+	if o.conn == nil {
+		return
+	}
+	go func() {
+		// The server's read deadline, set for the request, no longer applies.
+		_ = o.conn.SetReadDeadline(time.Time{})
+		var b [1]byte
+		_, _ = o.conn.Read(b[:])
+		gone()
+	}()
+}
+
+// hangUp closes the connection, failing a write that waits on it.
+func (o *sseWriter) hangUp() {
+	if o.conn != nil {
+		_ = o.conn.Close()
+	}
+}
+
+func (o *sseWriter) flush() error {
+	if o.conn != nil {
+		// The server's deadline was set once for the whole response.
+		_ = o.conn.SetWriteDeadline(time.Now().Add(o.timeout))
+	}
+	return o.w.Flush()
+}
+
+func (o *sseWriter) comment(text string) error {
+	_, _ = o.w.WriteString(": " + text + "\n\n")
+	return o.flush()
+}
+
+// ping is a comment with the position the stream has reached, so that a
+// client resumes from there: an id without data dispatches no event.
+func (o *sseWriter) ping(pos uint64) error {
+	_, _ = fmt.Fprintf(o.w, ": ping\nid: %d\n\n", pos)
+	o.lastID = pos
+	return o.flush()
+}
+
+func (o *sseWriter) event(id uint64, kind string, data []byte) error {
+	_, _ = fmt.Fprintf(o.w, "id: %d\nevent: %s\n", id, kind)
+	for line := range strings.SplitSeq(string(data), "\n") {
+		_, _ = o.w.WriteString("data: ")
+		_, _ = o.w.WriteString(line)
+		_ = o.w.WriteByte('\n')
+	}
+	_ = o.w.WriteByte('\n')
+	o.lastID = id
+	return o.flush()
+}
+
+type streamMetrics struct {
+	open                      prometheus.Gauge
+	sent                      *prometheus.CounterVec
+	resumptions, resets, slow prometheus.Counter
+	refused                   prometheus.Counter
+	delay                     prometheus.Histogram
+}
+
+func newStreamMetrics(reg prometheus.Registerer) *streamMetrics {
+	m := &streamMetrics{
+		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "feed_streams_open", Help: "Open GET /stream connections."}),
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "feed_stream_events_total", Help: "Events written to streams, by type.",
+		}, []string{"type"}),
+		resumptions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "feed_stream_resumptions_total", Help: "Streams resumed with Last-Event-ID within the window.",
+		}),
+		resets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "feed_stream_resets_total", Help: "Streams resumed from a position older than the window, answered with a reset.",
+		}),
+		slow: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "feed_stream_slow_disconnects_total", Help: "Streams disconnected for falling behind: more events waiting than the buffer holds.",
+		}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "feed_stream_refused_total", Help: "Streams refused with 429: the user had as many open as one may.",
+		}),
+		delay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "feed_stream_announce_seconds",
+			Help:    "Time from a post accepted to its announcement written to a connected viewer's stream.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.open, m.sent, m.resumptions, m.resets, m.slow, m.refused, m.delay)
+	}
+	return m
+}

@@ -1,0 +1,3 @@
+DROP TABLE IF EXISTS items;
+DROP TABLE IF EXISTS posts;
+DROP TABLE IF EXISTS projector_checkpoints;

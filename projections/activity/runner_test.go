@@ -1,0 +1,256 @@
+package activity_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
+	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/activity"
+	"github.com/feedproject/feed/projections/activity/activitytest"
+)
+
+func testLog(t *testing.T) *events.Log {
+	t.Helper()
+	log, err := events.OpenLog(context.Background(), localstacktest.JetStreamForTest(t), events.Config{}, nil)
+	require.NoError(t, err)
+	t.Cleanup(log.Close)
+	return log
+}
+
+// modelOf is the reference model of the whole log.
+func modelOf(t *testing.T, log *events.Log) *activitytest.Model {
+	t.Helper()
+	m := activitytest.NewModel()
+	require.NoError(t, log.Read(context.Background(), events.ReadOptions{StopAtEnd: true, IncludeUnknown: true}, func(r events.Record) error {
+		m.Apply(r)
+		return nil
+	}))
+	return m
+}
+
+// matchesModel pages through every user's activity and compares it with m.
+func matchesModel(t *testing.T, store *activity.Store, m *activitytest.Model) {
+	t.Helper()
+	total := 0
+	for u := domain.UserID(1); u <= activitytest.Users; u++ {
+		want := activitytest.Describe(m.Activity(u))
+		total += len(want)
+		assert.Equal(t, strings.Join(want, "\n"), strings.Join(activitytest.Describe(all(t, store, u)), "\n"), "user %d", u)
+	}
+	require.Greater(t, total, 100, "the workload makes items")
+}
+
+// dump renders the activity's tables, ordered, for comparing states.
+func dump(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var b strings.Builder
+	for _, q := range []string{
+		`SELECT id, user_id, media_key, content_type, width, height FROM posts ORDER BY id`,
+		`SELECT owner_id, id, actor_id, post_id, comment_id, text, created_at, kept FROM items ORDER BY owner_id, id`,
+	} {
+		rows, err := pool.Query(context.Background(), q)
+		require.NoError(t, err)
+		for rows.Next() {
+			vals, err := rows.Values()
+			require.NoError(t, err)
+			fmt.Fprintln(&b, vals...)
+		}
+		require.NoError(t, rows.Err())
+		b.WriteString("--\n")
+	}
+	return b.String()
+}
+
+// replay builds an activity from sequence 1 with plain reads of the log, in
+// batches of random size, independent of the runner.
+func replay(t *testing.T, log *events.Log, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	p := activity.NewProjector(pool, nil, activity.Config{})
+	rng := rand.New(rand.NewPCG(7, 7))
+	var batch []events.Record
+	size := 1 + rng.IntN(300)
+	require.NoError(t, log.Read(ctx, events.ReadOptions{StopAtEnd: true, IncludeUnknown: true}, func(r events.Record) error {
+		batch = append(batch, r)
+		if len(batch) == size {
+			if err := p.Apply(ctx, batch); err != nil {
+				return err
+			}
+			batch, size = nil, 1+rng.IntN(300)
+		}
+		return nil
+	}))
+	if len(batch) > 0 {
+		require.NoError(t, p.Apply(ctx, batch))
+	}
+}
+
+// runUntil runs p until it has applied the log's head, calling chaos meanwhile.
+func runUntil(t *testing.T, log *events.Log, p projections.Projector, cfg projections.RunnerConfig, chaos func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg.FetchWait = 100 * time.Millisecond
+	cfg.MaxBackoff = 20 * time.Millisecond
+	r := projections.NewRunner(log, p, cfg, nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	head, err := log.Head(ctx)
+	require.NoError(t, err)
+	deadline := time.Now().Add(90 * time.Second)
+	for r.Position() < head {
+		require.True(t, time.Now().Before(deadline), "projector stuck at %d of %d", r.Position(), head)
+		if chaos != nil {
+			chaos()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestBackfillFromTheWholeLog adds the activity to a log that already holds
+// thousands of events: once caught up, every user's activity, paged to the
+// end, is the reference model's, and equals a replay in batches of other
+// sizes row for row.
+func TestBackfillFromTheWholeLog(t *testing.T) {
+	pg := localstacktest.PostgresForTest(t)
+	log := testLog(t)
+	require.NoError(t, activitytest.AppendWorkload(context.Background(), log, 5000, 1))
+
+	live := activityDB(t, pg, "live")
+	runUntil(t, log, activity.NewProjector(live, nil, activity.Config{}), projections.RunnerConfig{}, nil)
+	matchesModel(t, activity.NewStore(live), modelOf(t, log))
+
+	clean := activityDB(t, pg, "clean")
+	replay(t, log, clean)
+	assert.Equal(t, dump(t, clean), dump(t, live))
+}
+
+// faulty wraps the projector with the failures of real life: a transaction
+// cut off half-way, and a crash after commit but before the runner knows.
+type faulty struct {
+	*activity.Projector
+	rng              *rand.Rand
+	aborted, crashed int
+}
+
+func (f *faulty) Apply(ctx context.Context, batch []events.Record) error {
+	switch f.rng.IntN(10) {
+	case 0:
+		ctx, cancel := context.WithTimeout(ctx, time.Duration(f.rng.IntN(3000))*time.Microsecond)
+		defer cancel()
+		f.aborted++
+		if err := f.Projector.Apply(ctx, batch); err != nil {
+			return fmt.Errorf("injected: %w", err)
+		}
+		return nil
+	case 1:
+		f.crashed++
+		if err := f.Projector.Apply(ctx, batch); err != nil {
+			return err
+		}
+		return fmt.Errorf("injected crash after commit: %w", domain.ErrUnavailable)
+	}
+	return f.Projector.Apply(ctx, batch)
+}
+
+// TestExactlyOnceUnderFailure applies thousands of events through the runner
+// while transactions fail half-way, the process "crashes" right after a
+// commit, the consumer disappears (redelivery) and Postgres connections are
+// killed; the result must equal a clean replay row for row, and the model.
+func TestExactlyOnceUnderFailure(t *testing.T) {
+	pg := localstacktest.PostgresForTest(t)
+	log := testLog(t)
+	require.NoError(t, activitytest.AppendWorkload(context.Background(), log, 4000, 2))
+
+	live := activityDB(t, pg, "live")
+	f := &faulty{Projector: activity.NewProjector(live, nil, activity.Config{}), rng: rand.New(rand.NewPCG(3, 3))}
+	chaosRng := rand.New(rand.NewPCG(4, 4))
+	killed, deleted := 0, 0
+	runUntil(t, log, f, projections.RunnerConfig{BatchSize: 97}, func() {
+		switch chaosRng.IntN(8) {
+		case 0:
+			_, err := live.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+			if err == nil {
+				killed++
+			}
+		case 1:
+			if log.JetStream().DeleteConsumer(context.Background(), log.Stream(), projections.ConsumerName(activity.ProjectorName)) == nil {
+				deleted++
+			}
+		}
+	})
+	t.Logf("injected: %d aborted transactions, %d crashes after commit, %d killed connections, %d deleted consumers",
+		f.aborted, f.crashed, killed, deleted)
+	require.Positive(t, f.aborted+f.crashed)
+	live.Reset()
+
+	clean := activityDB(t, pg, "clean")
+	replay(t, log, clean)
+	assert.Equal(t, dump(t, clean), dump(t, live))
+	matchesModel(t, activity.NewStore(live), modelOf(t, log))
+}
+
+// TestRebuildSwitchesToAnEqualActivity rebuilds the activity into a shadow
+// while the live projector runs and events keep coming; afterwards the live
+// schema equals a clean replay, readers follow the switch, and only the live
+// schema is left.
+func TestRebuildSwitchesToAnEqualActivity(t *testing.T) {
+	ctx := context.Background()
+	pg := localstacktest.PostgresForTest(t)
+	log := testLog(t)
+	require.NoError(t, activitytest.AppendWorkload(ctx, log, 2000, 3))
+	url := localstacktest.DatabaseCopyForTest(t, pg, "live")
+	live, err := pgxpool.New(ctx, url+"&search_path=activity")
+	require.NoError(t, err)
+	t.Cleanup(live.Close)
+	runCtx, stop := context.WithCancel(ctx)
+	r := projections.NewRunner(log, activity.NewProjector(live, nil, activity.Config{}),
+		projections.RunnerConfig{BatchSize: 50, FetchWait: 50 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}, nil, slog.New(slog.DiscardHandler))
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, <-done)
+	})
+	// Events keep coming during the rebuild.
+	more := make(chan error, 1)
+	go func() { more <- activitytest.AppendWorkload(ctx, log, 500, 4) }()
+
+	rb, err := activity.OpenRebuild(ctx, url, false, nil, activity.Config{})
+	require.NoError(t, err)
+	_, err = activity.OpenRebuild(ctx, url, false, nil, activity.Config{})
+	require.ErrorIs(t, err, projections.ErrRebuildRunning)
+	require.NoError(t, projections.Replay(ctx, log, rb, projections.ReplayOptions{BatchSize: 300}))
+	rb.Close()
+	require.NoError(t, <-more)
+
+	head, err := log.Head(ctx)
+	require.NoError(t, err)
+	store := activity.NewStore(live)
+	require.Eventually(t, func() bool {
+		pos, err := store.Position(ctx)
+		return err == nil && pos >= head
+	}, 30*time.Second, 10*time.Millisecond)
+	clean := activityDB(t, pg, "clean")
+	replay(t, log, clean)
+	assert.Equal(t, dump(t, clean), dump(t, live))
+	matchesModel(t, store, modelOf(t, log))
+	var schemas string
+	require.NoError(t, live.QueryRow(ctx, `SELECT string_agg(nspname, ',' ORDER BY nspname) FROM pg_namespace WHERE nspname LIKE 'activity%'`).Scan(&schemas))
+	assert.Equal(t, "activity", schemas)
+}
