@@ -307,6 +307,26 @@ func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer doma
 	}
 }
 
+// awaitModel waits, up to the consistency bound, until the read model has
+// applied minPos; past the bound the page is read from what it has.
+func (h *homeFeed) awaitModel(ctx context.Context, minPos uint64) error {
+	if minPos == 0 {
+		return nil
+	}
+	deadline := time.Now().Add(h.wait)
+	for backoff := firstPoll; ; backoff = min(2*backoff, maxPoll) {
+		pos, err := h.model.Position(ctx)
+		if err != nil || pos >= minPos || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+	}
+}
+
 // ids is one more than a page of post ids below the cursor.
 func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.Cursor, minPos uint64) ([]domain.PostID, error) {
 	const want = domain.PageSize + 1
@@ -315,6 +335,13 @@ func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.C
 		before = cursor.ID
 	}
 	page, err := h.cache.Page(ctx, user, before, want, minPos)
+	if err != nil || !page.Materialised || (len(page.Posts) < want && page.Floor != 0) {
+		// Read from the read model: it must have what the reader wrote, as
+		// the feeds have (a follow just made), though it may be behind them.
+		if err := h.awaitModel(ctx, minPos); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case err != nil:
 		h.cacheDown.log(ctx, h.log, slog.LevelError, "home feed cache unavailable; serving from postgres", "user", user, "err", err)
