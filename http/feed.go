@@ -277,7 +277,9 @@ func (h *homeFeed) feed(c *fiber.Ctx) error {
 // leaving it out would let the cursor pass it for good; so when posts are
 // missing and the read model is behind the feeds, it waits (up to the
 // consistency bound) for it and reads once more. Posts still missing were
-// deleted.
+// deleted. A read model still behind the feeds after the wait answers
+// unavailable: a page without a post it has not reached would let the
+// cursor pass it for good.
 func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer domain.UserID, minPos uint64) ([]readmodel.Post, error) {
 	posts, err := h.posts.Posts(ctx, ids, viewer, minPos)
 	if err != nil || len(posts) == len(ids) {
@@ -297,7 +299,7 @@ func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer doma
 			return h.posts.Posts(ctx, ids, viewer, minPos)
 		}
 		if time.Now().After(deadline) {
-			return posts, nil
+			return nil, fmt.Errorf("hydrate a page: the read model is at %d, behind the feeds at %d: %w", pos, target, domain.ErrUnavailable)
 		}
 		select {
 		case <-ctx.Done():
