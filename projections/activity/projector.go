@@ -45,9 +45,28 @@ type Projector struct {
 	// and the runner must rewind to it.
 	applied atomic.Uint64
 	// added counts, by user, the items added since the user's activity was
-	// last trimmed by this projector. Apply is called one batch at a time.
-	added map[domain.UserID]int // epoch is the lease's under which it writes (see Fence).
+	// last trimmed by this projector. Batches are planned one at a time: by
+	// Apply, or by Send after the transaction of the batch before is over.
+	added map[domain.UserID]int
+	// last is the batch Send sent last.
+	last *flight
+	// epoch is the lease's under which it writes (see Fence).
 	epoch atomic.Uint64
+}
+
+// flight is a batch handed to Send.
+type flight struct {
+	last uint64 // its last event
+	// locked is closed once its transaction holds the checkpoint's lock (or
+	// failed to take it); over once its first transaction ended, err its
+	// outcome.
+	locked, over chan struct{}
+	hasLock      bool
+	err          error
+}
+
+func newFlight(last uint64) *flight {
+	return &flight{last: last, locked: make(chan struct{}), over: make(chan struct{})}
 }
 
 // NewProjector returns the activity projector writing to pool, whose search
@@ -65,14 +84,19 @@ func (p *Projector) Name() string { return ProjectorName }
 // Fence implements projections.Fenced: every checkpoint write from now on
 // carries epoch, and is refused (with the whole batch) once a newer epoch
 // wrote the checkpoint.
-func (p *Projector) Fence(epoch uint64) { p.epoch.Store(epoch) }
+func (p *Projector) Fence(epoch uint64) {
+	p.epoch.Store(epoch)
+	p.last = nil
+}
 
 // BatchSize implements projections.BatchSizer: a batch costs two round trips
 // and a few statements however many events it holds.
 func (p *Projector) BatchSize() int { return 8000 }
 
-// Checkpoint implements projections.Projector.
+// Checkpoint implements projections.Projector. A runner reads it on every
+// start, with no batch outstanding: the next batch sent starts afresh.
 func (p *Projector) Checkpoint(ctx context.Context) (uint64, error) {
+	p.last = nil
 	pos, err := position(ctx, p.pool)
 	if err != nil {
 		return 0, err
@@ -117,7 +141,13 @@ func (p *Projector) Verify(ctx context.Context) error {
 // on the data, the batch is applied again an event at a time, which names the
 // event at fault.
 func (p *Projector) Apply(ctx context.Context, batch []events.Record) error {
-	err := p.apply(ctx, batch)
+	return p.applyAfter(ctx, batch, nil, nil)
+}
+
+// applyAfter applies batch as Apply does, after batch prev (nil: none), as
+// flight f (nil: not sent).
+func (p *Projector) applyAfter(ctx context.Context, batch []events.Record, prev, f *flight) error {
+	err := p.apply(ctx, batch, prev, f)
 	if !isDataError(err) || len(batch) == 1 {
 		if isDataError(err) {
 			return &projections.EventError{Seq: batch[0].Seq, Err: err}
@@ -142,9 +172,37 @@ const (
 	advanceCheckpoint = pgschema.AdvanceCheckpoint
 )
 
+// Send implements projections.Pipeliner: the first round trip of a batch
+// (the lock and the reads) is sent as soon as the batch before it holds the
+// lock, so Postgres reads for it the moment that one commits, while the
+// runner hands over the next. A batch is planned once the transaction of the
+// one before it is over, and is void (errBatchBefore) if that one did not
+// commit.
+//
+// A projector is driven by Apply or by Send, not by both at once.
+func (p *Projector) Send(ctx context.Context, batch []events.Record) <-chan error {
+	result := make(chan error, 1)
+	prev := p.last
+	if prev != nil && batch[0].Seq != prev.last+1 {
+		prev = nil // a new start
+	}
+	f := newFlight(batch[len(batch)-1].Seq)
+	p.last = f
+	go func() { result <- p.applyAfter(ctx, batch, prev, f) }()
+	return result
+}
+
+// errBatchBefore voids a batch sent after one that did not commit.
+var errBatchBefore = errors.New("the batch sent before this one was not applied")
+
 // apply runs a batch in one transaction of two round trips: the lock and the
-// reads; then the writes, the checkpoint and the commit.
-func (p *Projector) apply(ctx context.Context, batch []events.Record) error {
+// reads; then the writes, the checkpoint and the commit. After batch prev,
+// its lock is asked for once prev holds the lock, and it is played once
+// prev's transaction is over; f, if sent, learns the same of this one.
+func (p *Projector) apply(ctx context.Context, batch []events.Record, prev, f *flight) (err error) {
+	if f != nil {
+		defer func() { f.end(err) }()
+	}
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("connect: %w", pgschema.Failure(err))
@@ -157,9 +215,16 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record) error {
 		}
 	}()
 
-	applied := p.applied.Load()
+	// The state is read for the events after the checkpoint this batch
+	// expects: prev's last, once prev commits. Asked for after prev holds
+	// the lock, the reads wait for prev's commit in Postgres.
+	expected := p.applied.Load()
+	if prev != nil {
+		<-prev.locked
+		expected = prev.last
+	}
 	kn := newKnown()
-	keys := keysOf(batch[after(batch, applied):])
+	keys := keysOf(batch[after(batch, expected):])
 	var reads pgx.Batch
 	reads.Queue("BEGIN")
 	// As the read model's: a crash of Postgres may lose the last batches,
@@ -170,9 +235,17 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record) error {
 	keys.queueReads(&reads)
 	results := conn.SendBatch(ctx, &reads)
 	cp, err := lockAndRead(results, keys, kn)
+	f.lock()
 	if err != nil {
 		return err
 	}
+	if prev != nil {
+		// Holding the lock, this batch waits for no transaction of prev's.
+		if <-prev.over; prev.err != nil {
+			return errBatchBefore
+		}
+	}
+	applied := p.applied.Load()
 	if cp < applied {
 		return fmt.Errorf("at %d, applied %d: %w", cp, applied, errWentBack)
 	}
@@ -181,7 +254,7 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record) error {
 		p.applied.Store(cp) // another instance applied them
 		return nil
 	}
-	if cp != applied {
+	if cp != expected {
 		// Another instance applied events meanwhile: read the state again
 		// for the events left, under the lock still.
 		kn, keys = newKnown(), keysOf(fresh)
@@ -214,6 +287,22 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record) error {
 	}
 	p.applied.Store(last)
 	return nil
+}
+
+// lock tells the batch after f that f's transaction holds the checkpoint's
+// lock, or never will; f may be nil.
+func (f *flight) lock() {
+	if f != nil && !f.hasLock {
+		f.hasLock = true
+		close(f.locked)
+	}
+}
+
+// end tells the batch after f that f's transaction is over, with err.
+func (f *flight) end(err error) {
+	f.lock()
+	f.err = err
+	close(f.over)
 }
 
 // queueTrims trims the activity of the users this batch brought a tenth of

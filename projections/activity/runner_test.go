@@ -19,6 +19,7 @@ import (
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/activity"
 	"github.com/feedproject/feed/projections/activity/activitytest"
+	"github.com/feedproject/feed/projections/projectionstest"
 )
 
 func testLog(t *testing.T) *events.Log {
@@ -139,32 +140,16 @@ func TestBackfillFromTheWholeLog(t *testing.T) {
 	assert.Equal(t, dump(t, clean), dump(t, live))
 }
 
-// faulty wraps the projector with the failures of real life: a transaction
-// cut off half-way, and a crash after commit but before the runner knows.
+// faulty wraps the projector with the failures of real life.
 type faulty struct {
 	*activity.Projector
-	rng              *rand.Rand
-	aborted, crashed int
+	projectionstest.Faults
 }
 
-func (f *faulty) Apply(ctx context.Context, batch []events.Record) error {
-	switch f.rng.IntN(10) {
-	case 0:
-		ctx, cancel := context.WithTimeout(ctx, time.Duration(f.rng.IntN(3000))*time.Microsecond)
-		defer cancel()
-		f.aborted++
-		if err := f.Projector.Apply(ctx, batch); err != nil {
-			return fmt.Errorf("injected: %w", err)
-		}
-		return nil
-	case 1:
-		f.crashed++
-		if err := f.Projector.Apply(ctx, batch); err != nil {
-			return err
-		}
-		return fmt.Errorf("injected crash after commit: %w", domain.ErrUnavailable)
-	}
-	return f.Projector.Apply(ctx, batch)
+// Send is how a runner hands the projector its batches (it is a
+// projections.Pipeliner): the failures are injected there.
+func (f *faulty) Send(ctx context.Context, batch []events.Record) <-chan error {
+	return f.Faults.Send(ctx, batch, f.Projector.Send)
 }
 
 // TestExactlyOnceUnderFailure applies thousands of events through the runner
@@ -177,7 +162,7 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 	require.NoError(t, activitytest.AppendWorkload(context.Background(), log, 4000, 2))
 
 	live := activityDB(t, pg, "live")
-	f := &faulty{Projector: activity.NewProjector(live, nil, activity.Config{}), rng: rand.New(rand.NewPCG(3, 3))}
+	f := &faulty{Projector: activity.NewProjector(live, nil, activity.Config{}), Faults: projectionstest.Faults{Rng: rand.New(rand.NewPCG(3, 3))}}
 	chaosRng := rand.New(rand.NewPCG(4, 4))
 	killed, deleted := 0, 0
 	runUntil(t, log, f, projections.RunnerConfig{BatchSize: 97}, func() {
@@ -195,8 +180,8 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 		}
 	})
 	t.Logf("injected: %d aborted transactions, %d crashes after commit, %d killed connections, %d deleted consumers",
-		f.aborted, f.crashed, killed, deleted)
-	require.Positive(t, f.aborted+f.crashed)
+		f.Aborted, f.Crashed, killed, deleted)
+	require.Positive(t, f.Aborted+f.Crashed)
 	live.Reset()
 
 	clean := activityDB(t, pg, "clean")

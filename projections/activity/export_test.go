@@ -1,0 +1,4 @@
+package activity
+
+// ErrBatchBefore is errBatchBefore, for the tests.
+var ErrBatchBefore = errBatchBefore

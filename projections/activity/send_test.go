@@ -1,0 +1,54 @@
+package activity_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
+	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/activity"
+	"github.com/feedproject/feed/projections/activity/activitytest"
+)
+
+// TestSendVoidsWhatFollowsAFailedBatch: a batch sent while the one before it
+// is under way must not take effect when that one fails, though it takes
+// the checkpoint's lock the moment that one rolls back; the failed one then
+// applies up to the event at fault, and both apply once the projector
+// starts again past it.
+func TestSendVoidsWhatFollowsAFailedBatch(t *testing.T) {
+	ctx := context.Background()
+	pool := activityDB(t, localstacktest.PostgresForTest(t), "send_void")
+	bad := comment(7, carol, p1).(events.CommentAdded)
+	bad.Text = "not UTF-8 \xff" // no Postgres text can hold it
+	recs := records(post(p1, alice), follow(bob, alice), like(bob, p1), bad, like(carol, p1))
+	p := activity.NewProjector(pool, nil, activity.Config{})
+	require.NoError(t, <-p.Send(ctx, recs[:2]))
+	a, b := p.Send(ctx, recs[2:4]), p.Send(ctx, recs[4:])
+	var ee *projections.EventError
+	require.ErrorAs(t, <-a, &ee)
+	assert.Equal(t, uint64(4), ee.Seq)
+	require.ErrorIs(t, <-b, activity.ErrBatchBefore)
+	store := activity.NewStore(pool)
+	pos, err := store.Position(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(3), pos, "the batch after the failed one did not move the checkpoint")
+	thumb := fmt.Sprint(" post ", p1, " thumb ", p1, "-0.jpg")
+	assert.Equal(t, []string{"#3 like by 2 at " + at(3) + thumb, "#2 follow by 2 at " + at(2)},
+		activitytest.Describe(all(t, store, alice)), "the failed batch applied up to the event at fault, the next none")
+
+	// Started again (as the runner does, at its checkpoint), with the event
+	// at fault dead-lettered, it applies the rest.
+	cp, err := p.Checkpoint(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(3), cp)
+	recs[3].Event = nil
+	require.NoError(t, <-p.Send(ctx, recs[3:4]))
+	require.NoError(t, <-p.Send(ctx, recs[4:]))
+	assert.Equal(t, []string{"#5 like by 3 at " + at(5) + thumb, "#3 like by 2 at " + at(3) + thumb, "#2 follow by 2 at " + at(2)},
+		activitytest.Describe(all(t, store, alice)))
+}
