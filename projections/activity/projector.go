@@ -48,8 +48,11 @@ type Projector struct {
 	// last trimmed by this projector. Batches are planned one at a time: by
 	// Apply, or by Send after the transaction of the batch before is over.
 	added map[domain.UserID]int
-	// last is the batch Send sent last.
-	last *flight
+	// last is the batch Send sent last; mem is what a replay knows of every
+	// row (see memory), catchUp the smallest batch it plans from it.
+	last    *flight
+	mem     memory
+	catchUp int
 	// epoch is the lease's under which it writes (see Fence).
 	epoch atomic.Uint64
 }
@@ -63,6 +66,9 @@ type flight struct {
 	locked, over chan struct{}
 	hasLock      bool
 	err          error
+	// learns: it finds out whether the activity is empty, and if so begins
+	// the memory of the rows (see memory).
+	learns bool
 }
 
 func newFlight(last uint64) *flight {
@@ -75,7 +81,7 @@ func NewProjector(pool *pgxpool.Pool, metrics *projections.Metrics, cfg Config) 
 	if cfg.Keep <= 0 {
 		cfg.Keep = DefaultKeep
 	}
-	return &Projector{pool: pool, metrics: metrics, keep: cfg.Keep, added: map[domain.UserID]int{}}
+	return &Projector{pool: pool, metrics: metrics, keep: cfg.Keep, added: map[domain.UserID]int{}, catchUp: catchUpBatch}
 }
 
 // Name implements projections.Projector.
@@ -86,7 +92,7 @@ func (p *Projector) Name() string { return ProjectorName }
 // wrote the checkpoint.
 func (p *Projector) Fence(epoch uint64) {
 	p.epoch.Store(epoch)
-	p.last = nil
+	p.last, p.mem = nil, memory{}
 }
 
 // BatchSize implements projections.BatchSizer: a batch costs two round trips
@@ -96,7 +102,7 @@ func (p *Projector) BatchSize() int { return 8000 }
 // Checkpoint implements projections.Projector. A runner reads it on every
 // start, with no batch outstanding: the next batch sent starts afresh.
 func (p *Projector) Checkpoint(ctx context.Context) (uint64, error) {
-	p.last = nil
+	p.last, p.mem = nil, memory{}
 	pos, err := position(ctx, p.pool)
 	if err != nil {
 		return 0, err
@@ -172,12 +178,13 @@ const (
 	advanceCheckpoint = pgschema.AdvanceCheckpoint
 )
 
-// Send implements projections.Pipeliner: the first round trip of a batch
-// (the lock and the reads) is sent as soon as the batch before it holds the
-// lock, so Postgres reads for it the moment that one commits, while the
-// runner hands over the next. A batch is planned once the transaction of the
-// one before it is over, and is void (errBatchBefore) if that one did not
-// commit.
+// Send implements projections.Pipeliner. A batch of a replay from an
+// empty activity is planned from memory (see memory) while the batch before
+// it is written, and sent in one round trip once that one committed. Any
+// other batch asks for the checkpoint's lock and its reads as soon as the
+// batch before it holds the lock, so Postgres reads for it the moment that
+// one commits, and is planned once the transaction of that one is over.
+// Either is void (errBatchBefore) if the batch before it did not commit.
 //
 // A projector is driven by Apply or by Send, not by both at once.
 func (p *Projector) Send(ctx context.Context, batch []events.Record) <-chan error {
@@ -186,8 +193,17 @@ func (p *Projector) Send(ctx context.Context, batch []events.Record) <-chan erro
 	if prev != nil && batch[0].Seq != prev.last+1 {
 		prev = nil // a new start
 	}
-	f := newFlight(batch[len(batch)-1].Seq)
+	last := batch[len(batch)-1].Seq
+	f := newFlight(last)
 	p.last = f
+	if prev != nil && prev.learns {
+		<-prev.over // it may begin the memory
+	}
+	if b := p.planAhead(batch); b != nil {
+		go func() { result <- p.sendPlanned(ctx, b, last, prev, f) }()
+		return result
+	}
+	f.learns = prev == nil && p.applied.Load() == 0 && len(batch) >= p.catchUp
 	go func() { result <- p.applyAfter(ctx, batch, prev, f) }()
 	return result
 }
@@ -223,6 +239,7 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, prev, f *f
 		<-prev.locked
 		expected = prev.last
 	}
+	learns := f != nil && f.learns
 	kn := newKnown()
 	keys := keysOf(batch[after(batch, expected):])
 	var reads pgx.Batch
@@ -232,9 +249,12 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, prev, f *f
 	reads.Queue("SET LOCAL synchronous_commit = off")
 	reads.Queue(createCheckpoint, ProjectorName)
 	reads.Queue(lockCheckpoint, ProjectorName)
+	if learns {
+		reads.Queue(activityEmpty)
+	}
 	keys.queueReads(&reads)
 	results := conn.SendBatch(ctx, &reads)
-	cp, err := lockAndRead(results, keys, kn)
+	cp, empty, err := lockAndRead(results, learns, keys, kn)
 	f.lock()
 	if err != nil {
 		return err
@@ -286,6 +306,10 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, prev, f *f
 		p.added[u] = 0
 	}
 	p.applied.Store(last)
+	if learns && empty && cp == 0 {
+		// What the batch read and left is every row there is.
+		p.mem = memory{kn: kn, at: last}
+	}
 	return nil
 }
 
@@ -339,24 +363,30 @@ const trim = `WITH cut AS (
 	WHERE i.owner_id = cut.owner_id AND i.id <= cut.id AND i.kept AND i.comment_id IS NULL`
 
 // lockAndRead takes and closes the results of the first round trip of apply:
-// the checkpoint, locked, and the state, into kn.
-func lockAndRead(results pgx.BatchResults, keys *keys, kn *known) (uint64, error) {
-	var cp int64
-	err := func() error {
+// the checkpoint, locked, whether the activity is empty (if checked), and
+// the state, into kn.
+func lockAndRead(results pgx.BatchResults, checkEmpty bool, keys *keys, kn *known) (cp uint64, empty bool, err error) {
+	var pos int64
+	err = func() error {
 		for _, what := range []string{"begin", "asynchronous commit", "checkpoint row"} {
 			if _, err := results.Exec(); err != nil {
 				return fmt.Errorf("%s: %w", what, pgschema.Failure(err))
 			}
 		}
-		if err := results.QueryRow().Scan(&cp); err != nil {
+		if err := results.QueryRow().Scan(&pos); err != nil {
 			return fmt.Errorf("lock checkpoint: %w", pgschema.Failure(err))
+		}
+		if checkEmpty {
+			if err := results.QueryRow().Scan(&empty); err != nil {
+				return fmt.Errorf("activity empty: %w", pgschema.Failure(err))
+			}
 		}
 		return keys.read(results, kn)
 	}()
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("read state: %w", pgschema.Failure(closeErr))
 	}
-	return uint64(cp), err
+	return uint64(pos), empty, err
 }
 
 // commit takes and closes the results of a batch's n statements, ending with
