@@ -145,8 +145,10 @@ func (p *Projector) Verify(ctx context.Context) error {
 // Apply implements projections.Projector. A batch is played against the rows
 // it is about and written as a few set-based statements; if one of them fails
 // on the data, the batch is applied again an event at a time, which names the
-// event at fault.
+// event at fault. Batches sent after it start afresh (a replay applies
+// again with Apply the batches Send failed).
 func (p *Projector) Apply(ctx context.Context, batch []events.Record) error {
+	p.last, p.mem = nil, memory{}
 	return p.applyAfter(ctx, batch, nil, nil)
 }
 
@@ -161,7 +163,7 @@ func (p *Projector) applyAfter(ctx context.Context, batch []events.Record, prev,
 		return err
 	}
 	for i := range batch {
-		if err := p.Apply(ctx, batch[i:i+1]); err != nil {
+		if err := p.applyAfter(ctx, batch[i:i+1], nil, nil); err != nil {
 			return err
 		}
 	}

@@ -103,3 +103,23 @@ func TestMemoryIsWholeOnlyFromAnEmptyActivity(t *testing.T) {
 	require.NoError(t, <-p.Send(ctx, recs[1:]))
 	assert.Empty(t, all(t, activity.NewStore(pool), alice), "the undos took the restored items away")
 }
+
+// TestSendAfterApplyStartsAfresh: a replay applies again with Apply the
+// batches Send failed, then sends the next; that one follows what Apply
+// applied, not the failed batch.
+func TestSendAfterApplyStartsAfresh(t *testing.T) {
+	ctx := context.Background()
+	pool := activityDB(t, localstacktest.PostgresForTest(t), "send_after_apply")
+	bad := comment(7, carol, p1).(events.CommentAdded)
+	bad.Text = "not UTF-8 \xff"
+	recs := records(post(p1, alice), bad, like(bob, p1), follow(carol, alice))
+	p := activity.NewProjector(pool, nil, activity.Config{})
+	a, b := p.Send(ctx, recs[:2]), p.Send(ctx, recs[2:3])
+	require.Error(t, <-a)
+	require.ErrorIs(t, <-b, activity.ErrBatchBefore)
+	recs[1].Event = nil // as a replay does with the event at fault
+	require.NoError(t, p.Apply(ctx, recs[:2]))
+	require.NoError(t, p.Apply(ctx, recs[2:3]))
+	require.NoError(t, <-p.Send(ctx, recs[3:]))
+	assert.Len(t, all(t, activity.NewStore(pool), alice), 2)
+}
