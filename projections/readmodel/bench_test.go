@@ -30,7 +30,8 @@ import (
 // applies during a full replay of 100 000 mixed events, the raw rate at which
 // an ordered consumer reads the same stream, and their ratio; with the CPU
 // time the replay took in this process, in Postgres and in NATS; then the
-// same replay by the activity projector, and its ratio to the same raw rate. NATS runs in
+// same replay by the activity projector, its ratio to the same raw rate and
+// the CPU time it took in this process and in Postgres. NATS runs in
 // a process of its own, as the service runs it (`feed nats`, this test binary
 // here). FEED_BENCH_CPUPROFILE names a file for a CPU profile of the replay
 // alone.
@@ -86,7 +87,7 @@ func BenchmarkReplay(b *testing.B) {
 			b.Fatal(err)
 		}
 		pool.Close()
-		act := activityReplay(b, log, pg.URL(), uint64(n))
+		act, actGo, actPG := activityReplay(b, log, pg.URL(), pg.PID(), uint64(n))
 		b.ReportMetric(applied, "applied-events/s")
 		b.ReportMetric(raw, "raw-read-events/s")
 		b.ReportMetric(applied/raw, "ratio")
@@ -95,14 +96,17 @@ func BenchmarkReplay(b *testing.B) {
 		b.ReportMetric(natsCPU.Seconds(), "nats-cpu-s")
 		b.ReportMetric(act, "activity-events/s")
 		b.ReportMetric(act/raw, "activity-ratio")
-		fmt.Fprintf(os.Stderr, "replay of %d events: projector %.0f events/s, raw ordered read %.0f events/s, ratio %.2f; CPU: Go %.2fs, Postgres %.2fs, NATS %.2fs; activity %.0f events/s, ratio %.2f\n",
-			n, applied, raw, applied/raw, goCPU.Seconds(), pgCPU.Seconds(), natsCPU.Seconds(), act, act/raw)
+		b.ReportMetric(actGo.Seconds(), "activity-go-cpu-s")
+		b.ReportMetric(actPG.Seconds(), "activity-postgres-cpu-s")
+		fmt.Fprintf(os.Stderr, "replay of %d events: projector %.0f events/s, raw ordered read %.0f events/s, ratio %.2f; CPU: Go %.2fs, Postgres %.2fs, NATS %.2fs; activity %.0f events/s, ratio %.2f, CPU: Go %.2fs, Postgres %.2fs\n",
+			n, applied, raw, applied/raw, goCPU.Seconds(), pgCPU.Seconds(), natsCPU.Seconds(), act, act/raw, actGo.Seconds(), actPG.Seconds())
 	}
 }
 
 // activityReplay is the events/s of the activity projector replaying the
-// first n events of log into an emptied activity.
-func activityReplay(b *testing.B, log *events.Log, url string, n uint64) float64 {
+// first n events of log into an emptied activity, and the CPU time it took
+// in this process and in Postgres (pgPID).
+func activityReplay(b *testing.B, log *events.Log, url string, pgPID int, n uint64) (rate float64, goCPU, pgCPU time.Duration) {
 	ctx := context.Background()
 	pool, err := readmodel.OpenPool(ctx, url, migrations.ActivitySchema, 0)
 	if err != nil {
@@ -115,17 +119,19 @@ func activityReplay(b *testing.B, log *events.Log, url string, n uint64) float64
 	rctx, cancel := context.WithCancel(ctx)
 	r := projections.NewRunner(log, activity.NewProjector(pool, nil, activity.Config{}), projections.RunnerConfig{BatchSize: benchBatch()}, nil, slog.New(slog.DiscardHandler))
 	done := make(chan error, 1)
+	goCPU, pgCPU = processCPU(b, os.Getpid(), false), processCPU(b, pgPID, true)
 	start := time.Now()
 	go func() { done <- r.Run(rctx) }()
 	for r.Position() < n {
 		time.Sleep(5 * time.Millisecond)
 	}
-	rate := float64(n) / time.Since(start).Seconds()
+	rate = float64(n) / time.Since(start).Seconds()
+	goCPU, pgCPU = processCPU(b, os.Getpid(), false)-goCPU, processCPU(b, pgPID, true)-pgCPU
 	cancel()
 	if err := <-done; err != nil {
 		b.Fatal(err)
 	}
-	return rate
+	return rate, goCPU, pgCPU
 }
 
 // publishMixed appends n events in a realistic mix: a fifth posts, then

@@ -26,6 +26,7 @@ import (
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/projectionstest"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -415,47 +416,16 @@ func replay(t *testing.T, log *events.Log, pool *pgxpool.Pool) {
 	}
 }
 
-// faulty wraps the projector with the failures of real life: a transaction
-// cut off half-way, and a crash after commit but before the runner knows.
+// faulty wraps the projector with the failures of real life.
 type faulty struct {
 	*readmodel.Projector
-	rng              *rand.Rand
-	aborted, crashed int
+	projectionstest.Faults
 }
 
 // Send is how a runner hands the projector its batches (it is a
 // projections.Pipeliner): the failures are injected there.
 func (f *faulty) Send(ctx context.Context, batch []events.Record) <-chan error {
-	switch f.rng.IntN(10) {
-	case 0:
-		// The transaction dies mid-batch: the context ends while statements run.
-		ctx, cancel := context.WithTimeout(ctx, time.Duration(f.rng.IntN(3000))*time.Microsecond)
-		f.aborted++
-		return relay(f.Projector.Send(ctx, batch), func(err error) error {
-			cancel()
-			if err != nil {
-				return fmt.Errorf("injected: %w", err)
-			}
-			return nil
-		})
-	case 1:
-		// Committed, then "killed" before the runner knows: it rewinds.
-		f.crashed++
-		return relay(f.Projector.Send(ctx, batch), func(err error) error {
-			if err != nil {
-				return err
-			}
-			return fmt.Errorf("injected crash after commit: %w", domain.ErrUnavailable)
-		})
-	}
-	return f.Projector.Send(ctx, batch)
-}
-
-// relay is the outcome on in, as fn makes it.
-func relay(in <-chan error, fn func(error) error) <-chan error {
-	out := make(chan error, 1)
-	go func() { out <- fn(<-in) }()
-	return out
+	return f.Faults.Send(ctx, batch, f.Projector.Send)
 }
 
 func runUntil(t *testing.T, log *events.Log, p projections.Projector, cfg projections.RunnerConfig, chaos func()) {
@@ -496,7 +466,7 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 	// failure makes it forget (see known): the rewinds start it again with
 	// rows it does not know.
 	readmodel.SetCatchUpBatch(p, 1)
-	f := &faulty{Projector: p, rng: rand.New(rand.NewPCG(3, 3))}
+	f := &faulty{Projector: p, Faults: projectionstest.Faults{Rng: rand.New(rand.NewPCG(3, 3))}}
 	chaosRng := rand.New(rand.NewPCG(4, 4))
 	killed, deleted := 0, 0
 	runUntil(t, log, f, projections.RunnerConfig{BatchSize: 97}, func() {
@@ -516,8 +486,8 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 		}
 	})
 	t.Logf("injected: %d aborted transactions, %d crashes after commit, %d killed connections, %d deleted consumers",
-		f.aborted, f.crashed, killed, deleted)
-	require.Positive(t, f.aborted+f.crashed)
+		f.Aborted, f.Crashed, killed, deleted)
+	require.Positive(t, f.Aborted+f.Crashed)
 	// The last kill may have left idle connections of the pool terminated
 	// (the projector retries; the checks below would not): start afresh.
 	live.Reset()
@@ -552,7 +522,7 @@ func TestSentAheadUnderFailure(t *testing.T) {
 		require.NoError(t, err)
 		p := readmodel.NewProjector(pool, nil)
 		readmodel.SetCatchUpBatch(p, 1)
-		f := &faulty{Projector: p, rng: rand.New(rand.NewPCG(uint64(round), 12))}
+		f := &faulty{Projector: p, Faults: projectionstest.Faults{Rng: rand.New(rand.NewPCG(uint64(round), 12))}}
 		chaosRng := rand.New(rand.NewPCG(uint64(round), 13))
 		runUntil(t, log, f, projections.RunnerConfig{BatchSize: 50}, func() {
 			if chaosRng.IntN(20) == 0 {
@@ -561,7 +531,7 @@ func TestSentAheadUnderFailure(t *testing.T) {
 			}
 		})
 		pool.Reset()
-		require.Equal(t, want, pjDump(t, pool), "round %d: %d aborted, %d crashed", round, f.aborted, f.crashed)
+		require.Equal(t, want, pjDump(t, pool), "round %d: %d aborted, %d crashed", round, f.Aborted, f.Crashed)
 	}
 }
 

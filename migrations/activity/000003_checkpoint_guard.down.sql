@@ -1,0 +1,1 @@
+DROP FUNCTION lock_checkpoint_at(text, bigint);
