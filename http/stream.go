@@ -16,6 +16,7 @@ import (
 
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections/feeds/presence"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -24,8 +25,9 @@ type StreamConfig struct {
 	// Window is how far back a stream resumes: a Last-Event-ID whose next
 	// event is older gets a reset. Default 10m.
 	Window time.Duration
-	// PerUser is the most streams one user holds open on this process; the
-	// next is answered 429. Default 5.
+	// PerUser is the most streams one user holds open, on every replica
+	// sharing the presence record (on this process alone without one, or
+	// while it is unreachable); the next is answered 429. Default 5.
 	PerUser int
 	// Buffer is how many events a stream may have waiting to be written; a
 	// client that lets more pile up is disconnected. Default 256.
@@ -85,6 +87,20 @@ type ActivityItem struct {
 	JSON []byte
 }
 
+// StreamPresence records open streams where every replica sees them (a
+// *presence.Registry): the per-user limit holds across replicas, and the
+// fan-out serves the users holding one first.
+type StreamPresence interface {
+	// Admit records a new stream of user unless user holds limit already.
+	Admit(ctx context.Context, user domain.UserID, limit int) (s presence.Stream, held int, ok bool, err error)
+	// Renew keeps the entries of open streams from expiring.
+	Renew(ctx context.Context, streams []presence.Stream) error
+	// Release removes a closed stream's entry.
+	Release(ctx context.Context, s presence.Stream) error
+	// Renewal is how often the open streams are renewed.
+	Renewal() time.Duration
+}
+
 // StreamDeps are what the streams need; Log is required.
 type StreamDeps struct {
 	Log *events.Log
@@ -94,7 +110,9 @@ type StreamDeps struct {
 	Model HomeFeedModel
 	Posts FeedPosts
 	// Activity, if set, adds activity events.
-	Activity   StreamActivity
+	Activity StreamActivity
+	// Presence, if set, records the open streams for every replica.
+	Presence   StreamPresence
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -116,6 +134,12 @@ type Streams struct {
 	now           func() time.Time
 	metrics       *streamMetrics
 	hydrateFailed *sampledLog
+	presence      StreamPresence
+	presenceLost  *sampledLog
+	// renewing is held by a renewal of the open streams' entries, and by a
+	// release, so that a renewal under way cannot add an entry back after
+	// its release.
+	renewing sync.Mutex
 
 	catchUps chan struct{} // a slot per resumed stream reading the log
 	ready    chan struct{} // closed once Run knows where it starts
@@ -130,6 +154,8 @@ type Streams struct {
 	byAuthor    map[domain.UserID]map[*viewer]struct{}
 	byUser      map[domain.UserID]map[*viewer]struct{}
 	open        map[domain.UserID]int
+	// held are the entries of this process's streams in the presence record.
+	held map[presence.Stream]struct{}
 }
 
 // NewStreams returns the streams of deps' log; Run feeds them.
@@ -143,10 +169,10 @@ func NewStreams(deps StreamDeps, cfg StreamConfig) *Streams {
 	s := &Streams{
 		log: deps.Log, cfg: cfg.withDefaults(), posts: deps.Posts, activity: deps.Activity,
 		logger: deps.Logger, now: deps.Now, metrics: newStreamMetrics(deps.Registerer),
-		hydrateFailed: newSampledLog(),
+		hydrateFailed: newSampledLog(), presence: deps.Presence, presenceLost: newSampledLog(),
 		ready:         make(chan struct{}), done: make(chan struct{}),
 		byAuthor: map[domain.UserID]map[*viewer]struct{}{}, byUser: map[domain.UserID]map[*viewer]struct{}{},
-		open: map[domain.UserID]int{},
+		open: map[domain.UserID]int{}, held: map[presence.Stream]struct{}{},
 	}
 	s.catchUps = make(chan struct{}, s.cfg.CatchUps)
 	if deps.Model != nil {
@@ -163,8 +189,16 @@ var errCaughtUp = errors.New("caught up")
 
 // Run reads the log from its head and dispatches each event to the streams
 // it concerns, until ctx ends. A failed read is retried from the event after
-// the last dispatched.
+// the last dispatched. It also renews the open streams' presence entries.
 func (s *Streams) Run(ctx context.Context) error {
+	if s.presence != nil {
+		var renewals sync.WaitGroup
+		defer renewals.Wait()
+		var stop context.CancelFunc
+		ctx, stop = context.WithCancel(ctx)
+		defer stop()
+		renewals.Go(func() { s.renew(ctx) })
+	}
 	err := events.RetryUnavailable(ctx, s.logger, "streams: read the log's head", func() error {
 		head, err := s.log.Head(ctx)
 		if err == nil {
@@ -334,29 +368,121 @@ func (s *Streams) detach(v *viewer) {
 	}
 }
 
-// reserve counts a stream of user, refusing one over the limit.
-func (s *Streams) reserve(user domain.UserID) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return fmt.Errorf("the service is shutting down: %w", domain.ErrUnavailable)
-	}
-	if s.open[user] >= s.cfg.PerUser {
-		s.metrics.refused.Inc()
-		return fmt.Errorf("user %d has %d streams open, the most one user may: %w", user, s.open[user], domain.ErrTooMany)
-	}
-	s.open[user]++
-	s.metrics.open.Inc()
-	return nil
+// slot is an admitted stream: its user and, if the presence record took it,
+// its entry there.
+type slot struct {
+	user  domain.UserID
+	entry *presence.Stream
 }
 
-func (s *Streams) release(user domain.UserID) {
+// reserve admits a stream of user, refusing one over the limit: the limit
+// across replicas, as the presence record counts, or this process's alone
+// without one or while it is unreachable.
+func (s *Streams) reserve(ctx context.Context, user domain.UserID) (slot, error) {
+	if s.isClosed() {
+		return slot{}, errShuttingDown
+	}
+	sl := slot{user: user}
+	if s.presence != nil {
+		entry, held, ok, err := s.presence.Admit(ctx, user, s.cfg.PerUser)
+		switch {
+		case err != nil:
+			s.presenceLost.log(ctx, s.logger, slog.LevelWarn, "stream: presence record unreachable; the stream limit is this process's", "err", err)
+		case !ok:
+			s.metrics.refused.Inc()
+			return slot{}, fmt.Errorf("user %d has %d streams open, the most one user may: %w", user, held, domain.ErrTooMany)
+		default:
+			sl.entry = &entry
+		}
+	}
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		if sl.entry != nil {
+			s.forget(*sl.entry)
+		}
+		return slot{}, errShuttingDown
+	case sl.entry == nil && s.open[user] >= s.cfg.PerUser:
+		n := s.open[user]
+		s.mu.Unlock()
+		s.metrics.refused.Inc()
+		return slot{}, fmt.Errorf("user %d has %d streams open here, the most one user may: %w", user, n, domain.ErrTooMany)
+	}
+	defer s.mu.Unlock()
+	s.open[user]++
+	if sl.entry != nil {
+		s.held[*sl.entry] = struct{}{}
+	}
+	s.metrics.open.Inc()
+	return sl, nil
+}
+
+var errShuttingDown = fmt.Errorf("the service is shutting down: %w", domain.ErrUnavailable)
+
+func (s *Streams) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.open[user]--; s.open[user] <= 0 {
-		delete(s.open, user)
+	return s.closed
+}
+
+// release ends sl's stream, here and in the presence record.
+func (s *Streams) release(sl slot) {
+	s.mu.Lock()
+	if s.open[sl.user]--; s.open[sl.user] <= 0 {
+		delete(s.open, sl.user)
+	}
+	if sl.entry != nil {
+		delete(s.held, *sl.entry)
 	}
 	s.metrics.open.Dec()
+	s.mu.Unlock()
+	if sl.entry != nil {
+		s.forget(*sl.entry)
+	}
+}
+
+// presenceTimeout bounds a renewal or release in the presence record: an
+// entry not released expires anyway.
+const presenceTimeout = 2 * time.Second
+
+// forget removes entry from the presence record, after any renewal under
+// way (which may have read it among the held).
+func (s *Streams) forget(entry presence.Stream) {
+	s.renewing.Lock()
+	defer s.renewing.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), presenceTimeout)
+	defer cancel()
+	if err := s.presence.Release(ctx, entry); err != nil {
+		s.presenceLost.log(ctx, s.logger, slog.LevelWarn, "stream: release in the presence record failed; the entry expires", "err", err)
+	}
+}
+
+// renew keeps this process's entries in the presence record from expiring,
+// until ctx ends.
+func (s *Streams) renew(ctx context.Context) {
+	tick := time.NewTicker(s.presence.Renewal())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		s.renewing.Lock()
+		s.mu.Lock()
+		held := make([]presence.Stream, 0, len(s.held))
+		for e := range s.held {
+			held = append(held, e)
+		}
+		s.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, presenceTimeout)
+		if err := s.presence.Renew(rctx, held); err != nil {
+			s.presenceLost.log(rctx, s.logger, slog.LevelWarn, "stream: renewal in the presence record failed", "streams", len(held), "err", err)
+		}
+		cancel()
+		s.renewing.Unlock()
+	}
 }
 
 // start decides where a stream begins: after the log's head for a new one;
@@ -528,14 +654,15 @@ func (s *Streams) handle(c *fiber.Ctx) error {
 		}
 		resume = &r
 	}
-	if err := s.reserve(p.UserID); err != nil {
+	ctx, cancel := queryContext(c)
+	defer cancel()
+	sl, err := s.reserve(ctx, p.UserID)
+	if err != nil {
 		return err
 	}
-	ctx, cancel := queryContext(c)
 	from, reset, err := s.start(ctx, resume)
-	cancel()
 	if err != nil {
-		s.release(p.UserID)
+		s.release(sl)
 		return err
 	}
 	switch {
@@ -554,7 +681,7 @@ func (s *Streams) handle(c *fiber.Ctx) error {
 	conn := c.Context().Conn()
 	user := p.UserID
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer s.release(user)
+		defer s.release(sl)
 		s.serve(user, from, reset, &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout})
 	})
 	return nil
