@@ -35,6 +35,7 @@ import (
 	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/feeds/homefeed"
 	"github.com/feedproject/feed/projections/feeds/inbox"
+	"github.com/feedproject/feed/projections/feeds/presence"
 	"github.com/feedproject/feed/projections/feeds/repair"
 	"github.com/feedproject/feed/projections/readmodel"
 )
@@ -515,6 +516,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		deps.Streams = feedhttp.NewStreams(feedhttp.StreamDeps{
 			Log: in.log, Model: readStore, Posts: deps.FeedPosts, Registerer: reg, Logger: logger,
 			Activity: feedhttp.NewStreamActivity(activityStore, cfg.ConsistencyWait, logger),
+			Presence: presence.New(in.redis, presence.Config{}),
 		}, feedhttp.StreamConfig{Window: cfg.ResumeWindow})
 	}
 	srv := feedhttp.NewServer(deps, feedhttp.Config{
