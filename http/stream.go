@@ -170,7 +170,7 @@ func NewStreams(deps StreamDeps, cfg StreamConfig) *Streams {
 		log: deps.Log, cfg: cfg.withDefaults(), posts: deps.Posts, activity: deps.Activity,
 		logger: deps.Logger, now: deps.Now, metrics: newStreamMetrics(deps.Registerer),
 		hydrateFailed: newSampledLog(), presence: deps.Presence, presenceLost: newSampledLog(),
-		ready:         make(chan struct{}), done: make(chan struct{}),
+		ready: make(chan struct{}), done: make(chan struct{}),
 		byAuthor: map[domain.UserID]map[*viewer]struct{}{}, byUser: map[domain.UserID]map[*viewer]struct{}{},
 		open: map[domain.UserID]int{}, held: map[presence.Stream]struct{}{},
 	}
