@@ -426,8 +426,14 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 			return err
 		}
 	}
-	var maintenance *repair.Maintenance
+	var (
+		maintenance *repair.Maintenance
+		online      *presence.Watcher
+	)
 	if slices.Contains(cfg.Roles, stack.RolePlanner) {
+		// Viewers with a live stream get their inboxes' work first.
+		online = presence.New(in.redis, presence.Config{}).Watch(0)
+		planner.ServeFirst(online)
 		runners = append(runners, projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger))
 		maintenance = repair.NewMaintenance(in.redis, feedStore, planner, repair.MaintenanceConfig{Batch: cfg.MaintenanceRate}, logger)
 	}
@@ -571,6 +577,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	if slices.Contains(cfg.Roles, stack.RolePlanner) {
 		g.Go(func() error { return materialiseLoop(projCtx, planner, logger) })
 		g.Go(func() error { return maintenance.Run(projCtx) })
+		g.Go(func() error { return online.Run(projCtx) })
 	}
 	g.Go(func() error {
 		<-gctx.Done()
