@@ -39,7 +39,7 @@ type runner struct {
 	posts *recentPosts
 	// viewers, while set, hold streams open and time announcements.
 	viewers *viewers
-	stage atomic.Value // string: the step of the run, for the samples
+	stage   atomic.Value // string: the step of the run, for the samples
 
 	cursorMu sync.Mutex
 	cursors  []string // each user's next-page cursor, by user-1
