@@ -192,13 +192,17 @@ var errCaughtUp = errors.New("caught up")
 // the last dispatched. It also renews the open streams' presence entries.
 func (s *Streams) Run(ctx context.Context) error {
 	if s.presence != nil {
+		renewCtx, stop := context.WithCancel(ctx)
 		var renewals sync.WaitGroup
+		renewals.Go(func() { s.renew(renewCtx) })
 		defer renewals.Wait()
-		var stop context.CancelFunc
-		ctx, stop = context.WithCancel(ctx)
 		defer stop()
-		renewals.Go(func() { s.renew(ctx) })
 	}
+	return s.read(ctx)
+}
+
+// read is Run's reading of the log.
+func (s *Streams) read(ctx context.Context) error {
 	err := events.RetryUnavailable(ctx, s.logger, "streams: read the log's head", func() error {
 		head, err := s.log.Head(ctx)
 		if err == nil {
