@@ -128,24 +128,24 @@ func TestStreamLimitAcrossReplicas(t *testing.T) {
 	killed := time.Now()
 	b.stop()
 	require.Equal(t, http.StatusTooManyRequests, dial(a).resp.StatusCode, "a dead replica's entries outlive it")
+	// Each entry expires at most the expiry after B last wrote it.
 	var freed time.Duration
-	require.Eventually(t, func() bool {
-		c, err := dialStream(a.addr, tok, "", false, nil)
-		if err != nil {
+	for range 3 {
+		require.Eventually(t, func() bool {
+			c, err := dialStream(a.addr, tok, "", false, nil)
+			if err != nil {
+				return false
+			}
+			if c.resp.StatusCode == http.StatusOK {
+				freed = time.Since(killed)
+				t.Cleanup(c.close)
+				return true
+			}
+			c.close()
 			return false
-		}
-		if c.resp.StatusCode == http.StatusOK {
-			freed = time.Since(killed)
-			t.Cleanup(c.close)
-			return true
-		}
-		c.close()
-		return false
-	}, 2*expiry+2*time.Second, 20*time.Millisecond, "a dead replica's places free within the expiry")
-	assert.LessOrEqual(t, freed, expiry+time.Second)
-	for range 2 {
-		require.Equal(t, http.StatusOK, dial(a).resp.StatusCode, "all three of B's places are free")
+		}, 2*expiry+2*time.Second, 20*time.Millisecond, "a dead replica's places free within the expiry")
 	}
+	assert.LessOrEqual(t, freed, expiry+time.Second, "all three of B's places free within the expiry")
 	require.Equal(t, http.StatusTooManyRequests, dial(a).resp.StatusCode)
 }
 
