@@ -74,14 +74,12 @@ func noisePNG(b *testing.B, size int) []byte {
 	}
 }
 
-// runCommandLoad serves the real app over loopback HTTP against a sync-always
-// log and drives it with benchClients clients for d; it returns commands/s and
-// the size of one stored event.
+// runCommandLoad drives the real app on one sync-always server with
+// benchClients clients for d; it returns commands/s and the size of one stored
+// event.
 func runCommandLoad(b *testing.B, kind string, d time.Duration) (float64, int) {
 	b.Helper()
-	dir := b.TempDir()
-	quiet := slog.New(slog.DiscardHandler)
-	ns, err := localstack.StartNATS(localstack.NATSConfig{Dir: dir + "/nats", SyncAlways: true}, quiet)
+	ns, err := localstack.StartNATS(localstack.NATSConfig{Dir: b.TempDir(), SyncAlways: true}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -92,12 +90,21 @@ func runCommandLoad(b *testing.B, kind string, d time.Duration) (float64, int) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	log, err := events.OpenLog(context.Background(), js, events.Config{}, nil)
+	return commandLoad(b, js, events.Config{}, kind, benchClients, d)
+}
+
+// commandLoad serves the real app over loopback HTTP against a log of cfg on
+// js and drives it with clients concurrent clients for d; it returns
+// commands/s and the size of one stored event.
+func commandLoad(b *testing.B, js jetstream.JetStream, cfg events.Config, kind string, clients int, d time.Duration) (float64, int) {
+	b.Helper()
+	quiet := slog.New(slog.DiscardHandler)
+	log, err := events.OpenLog(context.Background(), js, cfg, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer log.Close()
-	store, err := media.NewPack(dir + "/media")
+	store, err := media.NewPack(b.TempDir())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -114,14 +121,15 @@ func runCommandLoad(b *testing.B, kind string, d time.Duration) (float64, int) {
 	defer func() { _ = srv.Shutdown(context.Background()) }()
 	base := "http://" + ln.Addr().String()
 
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: benchClients}, Timeout: 10 * time.Second}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}, Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
 	img := noisePNG(b, 1024)
 	var done atomic.Int64
 	deadline := time.Now().Add(d)
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
 	start := time.Now()
-	for w := range benchClients {
+	for w := range clients {
 		user := domain.UserID(w + 1)
 		tok, _ := auth.Mint(user, false, time.Now(), time.Hour)
 		wg.Go(func() {
@@ -192,11 +200,7 @@ func rawPublishRate(b *testing.B, size int, d time.Duration) float64 {
 	n := 0
 	for deadline := start.Add(d); time.Now().Before(deadline); {
 		for range 1000 {
-			m := nats.NewMsg(fmt.Sprintf("ev.%d.follow.%d", n%1000+1, n+1))
-			m.Data = data
-			m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("raw-%d", n))
-			m.Header.Set(events.TypeHeader, events.TypeUserFollowed)
-			if _, err := js.PublishMsgAsync(m); err != nil {
+			if _, err := js.PublishMsgAsync(followMsg(n%1000+1, n+1, fmt.Sprintf("raw-%d", n), data)); err != nil {
 				b.Fatal(err)
 			}
 			n++

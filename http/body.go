@@ -58,13 +58,49 @@ func guardBodies(c *fiber.Ctx) error {
 	}
 	c.Context().SetConnectionClose()
 	if !takesBody(c.Method()) {
+		linger(c, nil)
 		return refuseBody(c)
 	}
 	err := c.Next()
-	if b, ok := c.Locals(bodyKey{}).(*limitedBody); ok && b.eof {
+	b, _ := c.Locals(bodyKey{}).(*limitedBody)
+	if (b != nil && b.eof) || linger(c, b) {
 		c.Context().Response.Header.ResetConnectionClose()
 	}
 	return err
+}
+
+// A body a handler left unread is read on and dropped, up to lingerMax
+// bytes for at most lingerTime, before the answer goes: a browser that is
+// still sending when the connection closes with bytes unread gets a reset,
+// which it shows as a network error instead of the answer (a 413 for an
+// image a little too large).
+const (
+	lingerMax  = 1 << 20
+	lingerTime = time.Second
+)
+
+// linger drops the rest of the request's body within those bounds and
+// reports whether it reached the body's end.
+func linger(c *fiber.Ctx, b *limitedBody) bool {
+	var r io.Reader
+	switch {
+	case b != nil && errors.Is(b.err, errBodyStalled):
+		return false
+	case b != nil:
+		r = b.r
+	default:
+		r = c.Context().RequestBodyStream()
+	}
+	if r == nil {
+		return false
+	}
+	if conn := c.Context().Conn(); conn != nil {
+		if err := conn.SetReadDeadline(time.Now().Add(lingerTime)); err != nil {
+			return false
+		}
+	}
+	n, err := io.Copy(io.Discard, io.LimitReader(r, lingerMax+1))
+	return err == nil && n <= lingerMax
 }
 
 // maxIgnoredBody is the most a POST that takes no body may carry anyway:

@@ -29,6 +29,9 @@ import (
 type Check struct {
 	Name  string
 	Probe func(context.Context) error
+	// Role, if set, says what part this process plays in a projector role
+	// that several processes run (active or standby), for /readyz's roles.
+	Role func() any
 }
 
 // Config holds the server's optional knobs; the zero value works.
@@ -243,6 +246,7 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 	}
 	wg.Wait()
 	status := map[string]string{}
+	roles := map[string]any{}
 	var failed []string
 	for i, check := range s.checks {
 		if results[i] != nil {
@@ -251,12 +255,19 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 			continue
 		}
 		status[check.Name] = "ok"
+		if check.Role != nil {
+			roles[check.Name] = check.Role()
+		}
 	}
 	if len(failed) > 0 {
 		s.log.Warn("not ready", "failed", failed, "err", errors.Join(results...))
 		return fmt.Errorf("not ready: %s: %w", strings.Join(failed, ", "), domain.ErrUnavailable)
 	}
-	return c.JSON(fiber.Map{"status": "ready", "checks": status})
+	answer := fiber.Map{"status": "ready", "checks": status}
+	if len(roles) > 0 {
+		answer["roles"] = roles
+	}
+	return c.JSON(answer)
 }
 
 type serverMetrics struct {

@@ -41,14 +41,14 @@ const onceUsers = 24
 // the feeds — on a connection of their own, and a load of commands appended
 // on another, as the API appends them.
 type onceRig struct {
-	log     *events.Log // the appender's
-	projNC  *nats.Conn  // the projectors'
-	live    *pgxpool.Pool
-	clean   *pgxpool.Pool
-	store   *feeds.Store
-	readRun *projections.Runner
-	planRun *projections.Runner
-	stop    func()
+	log    *events.Log // the appender's
+	projNC *nats.Conn  // the projectors'
+	live   *pgxpool.Pool
+	clean  *pgxpool.Pool
+	store  *feeds.Store
+	// readAt and planAt are where the read model and the planner are.
+	readAt, planAt func() uint64
+	stop           func()
 
 	appended, failed atomic.Int64
 	head             atomic.Uint64 // the highest position an append was answered with
@@ -59,58 +59,80 @@ type onceRig struct {
 func newOnceRig(t *testing.T, appendURL, projectURL string, replicas int) *onceRig {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	pg := localstacktest.PostgresForTest(t)
-	rd := localstacktest.RedisForTest(t)
-	rig := &onceRig{}
-	rig.live, rig.clean = onceDatabase(t, pg, "live"), onceDatabase(t, pg, "clean")
-
-	connect := func(url string) (*nats.Conn, *events.Log) {
-		// As the service connects: reconnecting for ever, nothing buffered;
-		// and only through the URLs given, which may be the test's proxies.
-		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1),
-			nats.IgnoreDiscoveredServers())
-		require.NoError(t, err)
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		require.NoError(t, err)
-		log, err := events.OpenLog(ctx, js, events.Config{Replicas: replicas}, nil)
-		require.NoError(t, err)
-		t.Cleanup(log.Close)
-		return nc, log
-	}
-	_, rig.log = connect(appendURL)
-	projNC, projLog := connect(projectURL)
+	rig := newOnceStores(t, appendURL, replicas)
+	projNC, projLog := onceConnect(t, projectURL, replicas)
 	rig.projNC = projNC
-
-	rdb := redis.NewClient(&redis.Options{Addr: rd.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	rig.store = feeds.NewStore(rdb, feeds.Config{})
-	planner := fanout.NewPlanner(rig.store, projLog.JetStream(), fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 7, Replicas: projLog.Replicas()}, nil)
+	planner := fanout.NewPlanner(rig.store, projLog.JetStream(), oncePlannerConfig(replicas), nil)
 	require.NoError(t, planner.EnsureStream(ctx))
-	for u := range onceUsers {
-		require.NoError(t, rig.store.RequestMaterialise(ctx, domain.UserID(u+1)))
-	}
 
-	// Small batches: many fetches, so a fault finds one under way.
-	cfg := projections.RunnerConfig{BatchSize: 20, FetchWait: 100 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	rig.readRun = projections.NewRunner(projLog, readmodel.NewProjector(rig.live, nil), cfg, nil, logger)
-	rig.planRun = projections.NewRunner(projLog, planner, cfg, nil, logger)
+	readRun := projections.NewRunner(projLog, readmodel.NewProjector(rig.live, nil), onceRunnerConfig, nil, logger)
+	planRun := projections.NewRunner(projLog, planner, onceRunnerConfig, nil, logger)
+	rig.readAt, rig.planAt = readRun.Position, planRun.Position
 	appliers := fanout.NewApplier(rig.store, projLog.JetStream(), []int{0, 1, 2}, nil, logger)
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = rig.readRun.Run(ctx) })
-	wg.Go(func() { _ = rig.planRun.Run(ctx) })
+	wg.Go(func() { _ = readRun.Run(ctx) })
+	wg.Go(func() { _ = planRun.Run(ctx) })
 	wg.Go(func() { _ = appliers.Run(ctx) })
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			_, _ = planner.Materialise(ctx, 100)
-			time.Sleep(5 * time.Millisecond)
-		}
-	})
+	wg.Go(func() { materialise(ctx, planner) })
 	var once sync.Once
 	rig.stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
 	t.Cleanup(rig.stop)
 	return rig
+}
+
+// onceRunnerConfig is the runners': small batches, many fetches, so that a
+// fault finds one under way.
+var onceRunnerConfig = projections.RunnerConfig{BatchSize: 20, FetchWait: 100 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}
+
+// oncePlannerConfig is the planners': three partitions, small messages.
+func oncePlannerConfig(replicas int) fanout.PlannerConfig {
+	return fanout.PlannerConfig{Partitions: 3, ItemsPerMessage: 7, Replicas: replicas}
+}
+
+// materialise builds the inboxes readers ask for until ctx ends, as serve's
+// loop does.
+func materialise(ctx context.Context, planner *fanout.Planner) {
+	for ctx.Err() == nil {
+		_, _ = planner.Materialise(ctx, 100)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// newOnceStores is a rig without projectors: the read model's live and
+// clean databases, Redis with every user's inbox asked for, and the
+// appender's log at appendURL.
+func newOnceStores(t *testing.T, appendURL string, replicas int) *onceRig {
+	t.Helper()
+	pg := localstacktest.PostgresForTest(t)
+	rd := localstacktest.RedisForTest(t)
+	rig := &onceRig{}
+	rig.live, rig.clean = onceDatabase(t, pg, "live"), onceDatabase(t, pg, "clean")
+	_, rig.log = onceConnect(t, appendURL, replicas)
+	rdb := redis.NewClient(&redis.Options{Addr: rd.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rig.store = feeds.NewStore(rdb, feeds.Config{})
+	for u := range onceUsers {
+		require.NoError(t, rig.store.RequestMaterialise(context.Background(), domain.UserID(u+1)))
+	}
+	return rig
+}
+
+// onceConnect connects as the service connects — reconnecting for ever,
+// nothing buffered, and only through the URLs given, which may be the
+// test's proxies — and opens the log at replicas.
+func onceConnect(t *testing.T, url string, replicas int) (*nats.Conn, *events.Log) {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1),
+		nats.IgnoreDiscoveredServers())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	log, err := events.OpenLog(context.Background(), js, events.Config{Replicas: replicas}, nil)
+	require.NoError(t, err)
+	t.Cleanup(log.Close)
+	return nc, log
 }
 
 // onceDatabase is a new migrated database on pg.
@@ -179,7 +201,7 @@ func (rig *onceRig) load(workers int, pace time.Duration) (stop func()) {
 
 // positions is where the projectors stand, for the test's log.
 func (rig *onceRig) positions() string {
-	return fmt.Sprintf("appended up to %d, read model at %d, planner at %d", rig.head.Load(), rig.readRun.Position(), rig.planRun.Position())
+	return fmt.Sprintf("appended up to %d, read model at %d, planner at %d", rig.head.Load(), rig.readAt(), rig.planAt())
 }
 
 // settled says which projectors applied the whole log.
@@ -203,13 +225,13 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) settled {
 	var feedsAt, reported uint64
 	start := time.Now()
 	deadline, report, stalled := start.Add(timeout), start, 0
-	for rig.readRun.Position() < head || rig.planRun.Position() < head || feedsAt < head {
+	for rig.readAt() < head || rig.planAt() < head || feedsAt < head {
 		if time.Since(report) >= 2*time.Second {
 			report = time.Now()
 			t.Logf("settling, at %s: %s, feeds at %d", since(start), rig.positions(), feedsAt)
 			// Work planned and not applied for a while: say where the
 			// appliers wait, once.
-			if stalled++; feedsAt > reported || rig.planRun.Position() <= feedsAt {
+			if stalled++; feedsAt > reported || rig.planAt() <= feedsAt {
 				stalled = 0
 			}
 			if stalled == 3 {
@@ -218,12 +240,12 @@ func (rig *onceRig) settle(t *testing.T, timeout time.Duration) settled {
 			reported = feedsAt
 		}
 		if time.Now().After(deadline) {
-			if rig.readRun.Position() < head {
+			if rig.readAt() < head {
 				t.Fatalf("the read model did not reach the head %d within %s: %s", head, timeout, rig.positions())
 			}
 			t.Errorf("the feeds did not reach the head %d within %s: %s, feeds at %d; %s\nwhere the appliers are:\n%s",
 				head, timeout, rig.positions(), feedsAt, rig.fanoutState(ctx), stacksOf("fanout.(*Applier)"))
-			return settled{planner: rig.planRun.Position() >= head}
+			return settled{planner: rig.planAt() >= head}
 		}
 		time.Sleep(20 * time.Millisecond)
 		if pos, err := fanout.Position(ctx, rig.store, rig.log.JetStream()); err == nil {

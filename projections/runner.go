@@ -53,6 +53,22 @@ type Verifier interface {
 	Verify(ctx context.Context) error
 }
 
+// Fenced is a projector that several processes may run, one of them at a
+// time: its checkpoint writes carry the epoch of the lease its process holds
+// (see package lease), and its store refuses a write under an epoch below
+// the highest that wrote to it, with ErrFenced. So a process that lost the
+// lease while a batch was under way cannot move the checkpoint after the
+// new holder has.
+type Fenced interface {
+	// Fence sets the epoch of the writes to come; called before the runner
+	// runs, never during.
+	Fence(epoch uint64)
+}
+
+// ErrFenced is a checkpoint write refused because a newer lease holder has
+// written (see Fenced).
+var ErrFenced = errors.New("fenced: a newer holder of the projector's lease has written its checkpoint")
+
 // BatchSizer is a projector that knows the batch size that suits it, for the
 // runner to use when its config names none.
 type BatchSizer interface {
@@ -115,6 +131,8 @@ func RewindCause(err error) string {
 	switch {
 	case errors.Is(err, ErrGap):
 		return "gap"
+	case errors.Is(err, ErrFenced):
+		return "fenced"
 	case errors.As(err, &ee):
 		return "event"
 	case errors.Is(err, errVerify):

@@ -43,7 +43,7 @@ func TestDevClusterServesAndTakesMoreProcesses(t *testing.T) {
 	base, stop, _ := startRunLogged(t, "dev --cluster", env)
 	ready := waitReady(t, base)
 	assert.Equal(t, map[string]any{"log": "ok", "redis": "ok", "postgres": "ok",
-		"projector:readmodel": "ok", "projector:feeds": "ok", "projector:feeds-appliers": "ok"}, ready["checks"])
+		"projector:readmodel": "ok", "projector:feeds": "ok", "projector:feeds-appliers": "ok", "projector:activity": "ok"}, ready["checks"])
 
 	settings := clusterEnvFile(t, dir)
 	assert.Len(t, strings.Split(settings["NATS_URL"], ","), 3, "NATS_URL names the three nodes")

@@ -169,7 +169,7 @@ func TestDevModeRunsTheWholeStackAndRestartsWithItsData(t *testing.T) {
 	base, stop := startDev(t, dir, ports)
 	body := waitReady(t, base)
 	assert.Equal(t, map[string]any{"log": "ok", "redis": "ok", "postgres": "ok",
-		"projector:readmodel": "ok", "projector:feeds": "ok", "projector:feeds-appliers": "ok"}, body["checks"])
+		"projector:readmodel": "ok", "projector:feeds": "ok", "projector:feeds-appliers": "ok", "projector:activity": "ok"}, body["checks"])
 	status, _ := get(t, base+"/healthz")
 	assert.Equal(t, http.StatusOK, status)
 

@@ -37,6 +37,7 @@ import (
 	"github.com/feedproject/feed/projections/feeds/inbox"
 	"github.com/feedproject/feed/projections/feeds/presence"
 	"github.com/feedproject/feed/projections/feeds/repair"
+	"github.com/feedproject/feed/projections/lease"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -389,10 +390,20 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		{Name: "postgres", Probe: in.pg.Ping},
 	}
 	projMetrics := projections.NewMetrics(reg)
-	var runners []*projections.Runner
+	leases, err := openLeases(ctx, cfg, in, reg, logger)
+	if err != nil {
+		return err
+	}
+	// roles are the projector roles this process runs under their leases:
+	// one process active in each, the others standing by.
+	var roles []projectorRole
 	if slices.Contains(cfg.Roles, stack.RoleReadModel) {
-		runners = append(runners, projections.NewRunner(in.log, readmodel.NewProjector(in.projectorPG, projMetrics),
-			projections.RunnerConfig{}, projMetrics, logger))
+		proj := readmodel.NewProjector(in.projectorPG, projMetrics)
+		roles = append(roles, projectorRole{
+			name:   stack.RoleReadModel,
+			runner: projections.NewRunner(in.log, proj, projections.RunnerConfig{}, projMetrics, logger),
+			fenced: proj,
+		})
 	}
 	if slices.Contains(cfg.Roles, stack.RoleActivity) {
 		// A pool of its own, as the read model projector's (projectorConns).
@@ -401,9 +412,12 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 			return err
 		}
 		defer pool.Close()
-		runners = append(runners, projections.NewRunner(in.log,
-			activity.NewProjector(pool, projMetrics, activity.Config{Keep: cfg.ActivityKeep}),
-			projections.RunnerConfig{}, projMetrics, logger))
+		proj := activity.NewProjector(pool, projMetrics, activity.Config{Keep: cfg.ActivityKeep})
+		roles = append(roles, projectorRole{
+			name:   stack.RoleActivity,
+			runner: projections.NewRunner(in.log, proj, projections.RunnerConfig{}, projMetrics, logger),
+			fenced: proj,
+		})
 	}
 	feedStore := feeds.NewStore(in.redis, feeds.Config{
 		InboxCap: cfg.InboxCap, OutboxCap: cfg.OutboxCap, TTL: cfg.InboxTTL, BigThreshold: cfg.BigAccount,
@@ -426,41 +440,55 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 			return err
 		}
 	}
-	var (
-		maintenance *repair.Maintenance
-		online      *presence.Watcher
-	)
 	if slices.Contains(cfg.Roles, stack.RolePlanner) {
+		maintenance := repair.NewMaintenance(in.redis, feedStore, planner, repair.MaintenanceConfig{Batch: cfg.MaintenanceRate}, logger)
 		// Viewers with a live stream get their inboxes' work first.
-		online = presence.New(in.redis, presence.Config{}).Watch(0)
+		online := presence.New(in.redis, presence.Config{}).Watch(0)
 		planner.ServeFirst(online)
-		runners = append(runners, projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger))
-		maintenance = repair.NewMaintenance(in.redis, feedStore, planner, repair.MaintenanceConfig{Batch: cfg.MaintenanceRate}, logger)
+		roles = append(roles, projectorRole{
+			name:   stack.RolePlanner,
+			runner: projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger),
+			fenced: planner,
+			// Materialising and maintenance read the graph the planner
+			// changes: the active planner's process alone runs them, between
+			// its batches.
+			beside: []func(context.Context) error{
+				func(ctx context.Context) error { return materialiseLoop(ctx, planner, logger) },
+				maintenance.Run,
+				online.Run,
+			},
+		})
 	}
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "feed_inbox_repairs_total",
 		Help: "Inbox entries the maintenance round had to repair (ghosts, missing posts, over-long inboxes); zero in a correct system.",
 	}, func() float64 { return float64(feedStore.Repairs()) }))
 	if slices.Contains(cfg.Roles, stack.RoleAppliers) {
-		all := make([]int, cfg.Partitions)
-		for i := range all {
-			all[i] = i
-		}
-		appliers = fanout.NewApplier(feedStore, in.js, all, projMetrics, logger)
-		checks = append(checks, feedhttp.Check{Name: "projector:" + fanout.AppliersName, Probe: func(context.Context) error {
-			if !appliers.Running() {
-				return fmt.Errorf("feed appliers not consuming: %w", domain.ErrUnavailable)
-			}
-			return nil
-		}})
+		// The partitions this process takes are its share (lease.Share).
+		appliers = fanout.NewApplier(feedStore, in.js, nil, projMetrics, logger)
+		checks = append(checks, feedhttp.Check{
+			Name: "projector:" + fanout.AppliersName,
+			Probe: func(context.Context) error {
+				if held := len(leases.State(stack.RoleAppliers).Partitions); appliers.Consuming() < held {
+					return fmt.Errorf("feed appliers consuming %d of the %d partitions held: %w", appliers.Consuming(), held, domain.ErrUnavailable)
+				}
+				return nil
+			},
+			Role: func() any { return leases.State(stack.RoleAppliers) },
+		})
 	}
-	for _, r := range runners {
-		checks = append(checks, feedhttp.Check{Name: "projector:" + r.Name(), Probe: func(context.Context) error {
-			if !r.Running() {
-				return fmt.Errorf("projector not consuming: %w", domain.ErrUnavailable)
-			}
-			return nil
-		}})
+	for _, r := range roles {
+		checks = append(checks, feedhttp.Check{
+			Name: "projector:" + r.runner.Name(),
+			Probe: func(context.Context) error {
+				// A standby serves its purpose: ready to take over.
+				if leases.State(r.name).State == lease.Active && !r.runner.Running() {
+					return fmt.Errorf("projector not consuming: %w", domain.ErrUnavailable)
+				}
+				return nil
+			},
+			Role: func() any { return leases.State(r.name) },
+		})
 	}
 	readStore := readmodel.NewStore(in.pg)
 	var activityStore *activity.Store
@@ -530,6 +558,9 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		FeedFallbacks:   feedFallbacks(in.pg.Config().MaxConns),
 		OperationsOnly:  !api,
 	})
+	if api && cfg.ServesWebPage(dev) {
+		srv.ServeWebPage(auth, devSignIn(cfg, dev))
+	}
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -568,16 +599,15 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	// Projectors stop after the API has drained, each finishing its batch.
 	projCtx, stopProjectors := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopProjectors()
-	for _, r := range runners {
-		g.Go(func() error { return r.Run(projCtx) })
+	for _, r := range roles {
+		g.Go(func() error { return leases.Hold(projCtx, r.name, r.run) })
 	}
 	if appliers != nil {
-		g.Go(func() error { return appliers.Run(projCtx) })
-	}
-	if slices.Contains(cfg.Roles, stack.RolePlanner) {
-		g.Go(func() error { return materialiseLoop(projCtx, planner, logger) })
-		g.Go(func() error { return maintenance.Run(projCtx) })
-		g.Go(func() error { return online.Run(projCtx) })
+		g.Go(func() error {
+			return leases.Share(projCtx, stack.RoleAppliers, cfg.Partitions, func(ctx context.Context, part int) {
+				_ = appliers.RunPartition(ctx, part)
+			})
+		})
 	}
 	g.Go(func() error {
 		<-gctx.Done()
@@ -592,6 +622,48 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		err = nil
 	}
 	return err
+}
+
+// projectorRole is a projector role run under its lease: its runner, and
+// what runs beside it, while this process is the role's active one.
+type projectorRole struct {
+	name   string
+	runner *projections.Runner
+	fenced projections.Fenced
+	beside []func(context.Context) error
+}
+
+// run runs the role for one term of its lease, whose epoch fences the
+// projector's writes, until ctx ends.
+func (r projectorRole) run(ctx context.Context, epoch uint64) error {
+	r.fenced.Fence(epoch)
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.runner.Run(ctx) })
+	for _, f := range r.beside {
+		g.Go(func() error { return f(ctx) })
+	}
+	return g.Wait()
+}
+
+// openLeases makes the lease bucket, as the streams are made (waiting out a
+// cluster without quorum), and returns this process's leases; nil for a
+// process that runs no projector role.
+func openLeases(ctx context.Context, cfg stack.Config, in *infra, reg prometheus.Registerer, logger *slog.Logger) (*lease.Leases, error) {
+	if !slices.ContainsFunc(cfg.Roles, func(r string) bool { return r != stack.RoleAPI }) {
+		return nil, nil
+	}
+	var kv jetstream.KeyValue
+	err := events.RetryUnavailable(ctx, logger, "create or update the lease bucket "+lease.Bucket, func() error {
+		var err error
+		kv, err = lease.EnsureBucket(ctx, in.js, cfg.LeaseTTL, in.log.Replicas())
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	leases := lease.New(kv, lease.Config{TTL: cfg.LeaseTTL}, lease.NewMetrics(reg), logger)
+	logger.Info("projector roles run under leases", "process", leases.Process(), "lease_ttl", cfg.LeaseTTL)
+	return leases, nil
 }
 
 // materialiseLoop builds the inboxes readers ask for, between the planner's

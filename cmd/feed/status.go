@@ -7,7 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/activity"
 	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/lease"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -29,6 +33,20 @@ type statusReport struct {
 	Projectors    []projectorStatus `json:"projectors"`
 	FanoutBacklog *uint64           `json:"fanout_backlog"`
 	FanoutError   string            `json:"fanout_error,omitempty"`
+	// Roles are the projector roles' leases: which process is active.
+	Roles      []roleStatus `json:"roles"`
+	RolesError string       `json:"roles_error,omitempty"`
+}
+
+// roleStatus is which process holds a projector role's lease; for the
+// appliers, the partitions each member holds.
+type roleStatus struct {
+	Role string `json:"role"`
+	// Active is the process holding the lease (none: no process is active).
+	Active string `json:"active,omitempty"`
+	Epoch  uint64 `json:"epoch,omitempty"`
+	// Partitions are, for the appliers, each member's partitions.
+	Partitions map[string][]int `json:"partitions,omitempty"`
 }
 
 // projectorStatus is one projector's progress through the log.
@@ -127,6 +145,8 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		}
 	}
 
+	rep.Roles, rep.RolesError = roleStatuses(ctx, conns.JetStream, conns.Errs["nats"])
+
 	seconds := last.At.Sub(first.At).Seconds()
 	add := func(name string, pos0, pos1, planned *uint64) {
 		p := projectorStatus{Name: name, Position: pos1, Planned: planned, Error: last.Errs[name]}
@@ -158,6 +178,43 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 	return printStatus(stdout, rep)
 }
 
+// roleStatuses reads the projector roles' leases (see package lease).
+func roleStatuses(ctx context.Context, js jetstream.JetStream, natsErr string) ([]roleStatus, string) {
+	if js == nil {
+		return nil, "nats unavailable: " + natsErr
+	}
+	kv, err := js.KeyValue(ctx, lease.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, "" // no process has run a projector role on this server
+	}
+	if err != nil {
+		return nil, fmt.Sprintf("lease bucket %s: %v", lease.Bucket, err)
+	}
+	held, err := lease.Read(ctx, kv)
+	if err != nil {
+		return nil, err.Error()
+	}
+	roles := []roleStatus{{Role: stack.RoleReadModel}, {Role: stack.RolePlanner}, {Role: stack.RoleAppliers, Partitions: map[string][]int{}}}
+	for _, h := range held {
+		i := slices.IndexFunc(roles, func(r roleStatus) bool { return r.Role == h.Role })
+		switch {
+		case i < 0:
+		case h.Member:
+			if _, ok := roles[i].Partitions[h.Process]; !ok {
+				roles[i].Partitions[h.Process] = []int{}
+			}
+		case h.Partition >= 0:
+			roles[i].Partitions[h.Process] = append(roles[i].Partitions[h.Process], h.Partition)
+		default:
+			roles[i].Active, roles[i].Epoch = h.Process, h.Epoch
+		}
+	}
+	for _, parts := range roles[2].Partitions {
+		slices.Sort(parts)
+	}
+	return roles, ""
+}
+
 func printStatus(w io.Writer, rep statusReport) error {
 	num := func(v *uint64) string {
 		if v == nil {
@@ -182,6 +239,42 @@ func printStatus(w io.Writer, rep statusReport) error {
 	fmt.Fprintf(tw, "fan-out backlog\t%s\t%s\n", num(rep.FanoutBacklog), rep.FanoutError)
 	if rep.HeadError != "" {
 		fmt.Fprintf(tw, "stream\t\t%s\n", rep.HeadError)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return printRoles(w, rep)
+}
+
+// printRoles prints which process is active in each projector role.
+func printRoles(w io.Writer, rep statusReport) error {
+	if len(rep.Roles) == 0 && rep.RolesError == "" {
+		return nil // no process has run a projector role here
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nROLE\tACTIVE\tEPOCH\tPARTITIONS")
+	if rep.RolesError != "" {
+		fmt.Fprintf(tw, "leases\tunavailable\t\t%s\n", rep.RolesError)
+	}
+	for _, r := range rep.Roles {
+		if r.Partitions == nil {
+			active, epoch := r.Active, strconv.FormatUint(r.Epoch, 10)
+			if active == "" {
+				active, epoch = "none", "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t-\n", r.Role, active, epoch)
+			continue
+		}
+		if len(r.Partitions) == 0 {
+			fmt.Fprintf(tw, "%s\tnone\t-\t-\n", r.Role)
+		}
+		for _, process := range slices.Sorted(maps.Keys(r.Partitions)) {
+			parts := make([]string, len(r.Partitions[process]))
+			for i, p := range r.Partitions[process] {
+				parts[i] = strconv.Itoa(p)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t-\t%s\n", r.Role, process, strings.Join(parts, ","))
+		}
 	}
 	return tw.Flush()
 }

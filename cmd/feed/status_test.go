@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +24,7 @@ import (
 	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
 	"github.com/feedproject/feed/projections/feeds/fanout"
+	"github.com/feedproject/feed/projections/lease"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -142,6 +145,39 @@ func TestStatus(t *testing.T) {
 		assert.Equal(t, []string{"activity", "0", "-", "8"}, strings.Fields(lines[4])[:4])
 		assert.Equal(t, []string{"fan-out", "backlog", "1"}, strings.Fields(lines[5]))
 		assert.Equal(t, strings.Index(lines[1], "POSITION"), strings.Index(lines[3], "3"), "aligned:\n%s", out.String())
+	})
+
+	t.Run("active processes", func(t *testing.T) {
+		kv, err := lease.EnsureBucket(ctx, js, time.Second, 1)
+		require.NoError(t, err)
+		one := lease.New(kv, lease.Config{Process: "one", TTL: time.Second}, nil, slog.New(slog.DiscardHandler))
+		two := lease.New(kv, lease.Config{Process: "two", TTL: time.Second}, nil, slog.New(slog.DiscardHandler))
+		lctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }()
+		idle := func(ctx context.Context, _ uint64) error { <-ctx.Done(); return nil }
+		wg.Go(func() { _ = one.Hold(lctx, "readmodel", idle) })
+		for _, l := range []*lease.Leases{one, two} {
+			wg.Go(func() { _ = l.Share(lctx, "appliers", 4, func(ctx context.Context, _ int) { <-ctx.Done() }) })
+		}
+		require.Eventually(t, func() bool {
+			return one.State("readmodel").State == lease.Active &&
+				len(one.State("appliers").Partitions) == 2 && len(two.State("appliers").Partitions) == 2
+		}, 5*time.Second, 10*time.Millisecond)
+
+		rep := runStatus(t, env, "--interval", "10ms")
+		require.Len(t, rep.Roles, 3, rep.RolesError)
+		assert.Equal(t, "one", rep.Roles[0].Active)
+		assert.Equal(t, one.State("readmodel").Epoch, rep.Roles[0].Epoch)
+		assert.Empty(t, rep.Roles[1].Active, "no planner runs")
+		assert.Equal(t, map[string][]int{"one": one.State("appliers").Partitions, "two": two.State("appliers").Partitions}, rep.Roles[2].Partitions)
+
+		var out bytes.Buffer
+		require.NoError(t, run(ctx, []string{"status", "--interval", "10ms"}, env, &out, io.Discard))
+		assert.Contains(t, out.String(), "ROLE")
+		assert.Regexp(t, `readmodel +one +\d+`, out.String())
+		assert.Regexp(t, `planner +none`, out.String())
+		assert.Regexp(t, `appliers +two +- +\d,\d`, out.String())
 	})
 }
 

@@ -507,6 +507,7 @@ func runObserved(ctx context.Context, wl loadbench.Config, target loadbench.Targ
 	obs := connectObservers(ctx, cfg, raw.started, target.Progress)
 	defer obs.close()
 	target.Positions, target.RedisMemory, target.RedisCPU, target.PostgresSize = obs.positions, obs.redisMemory, obs.redisCPU, obs.postgresSize
+	target.RedisData = obs.redisData
 	target.PostgresCPU = obs.postgresCPU
 	target.NATSCPU, target.NATSMemory = obs.natsCPU, obs.natsMemory
 	if raw.redis && obs.redisMemory != nil { // set once Redis answered
@@ -531,6 +532,7 @@ type observers struct {
 	pg           *pgxpool.Pool
 	positions    func(context.Context) (loadbench.Positions, error)
 	redisMemory  func(context.Context) (int64, error)
+	redisData    func(context.Context) (int64, error)
 	redisCPU     func(context.Context) (time.Duration, error)
 	postgresCPU  func(context.Context) (time.Duration, error)
 	postgresSize func(context.Context) (int64, error)
@@ -571,7 +573,7 @@ func connectObservers(ctx context.Context, cfg stack.Config, started bool, progr
 		o.rdb = target.Client(stack.RedisTuning{})
 		o.closes = append(o.closes, func() { _ = o.rdb.Close() })
 		if o.rdb.Ping(cctx).Err() == nil {
-			o.redisMemory, o.redisCPU = o.readRedisMemory, o.readRedisCPU
+			o.redisMemory, o.redisData, o.redisCPU = o.readRedisMemory, o.readRedisData, o.readRedisCPU
 		}
 	}
 	if o.status.Postgres != nil {
@@ -670,17 +672,35 @@ func (o *observers) readRedisCPU(ctx context.Context) (time.Duration, error) {
 // readRedisMemory is Redis's used_memory: on a cluster, its masters'
 // together.
 func (o *observers) readRedisMemory(ctx context.Context) (int64, error) {
+	return o.readRedisInfo(ctx, "used_memory")
+}
+
+// readRedisData is Redis's used_memory without its clients' buffers, which
+// follow the connections open at the moment, not the data held.
+func (o *observers) readRedisData(ctx context.Context) (int64, error) {
+	return o.readRedisInfo(ctx, "used_memory", "-mem_clients_normal", "-mem_clients_slaves")
+}
+
+// readRedisInfo adds up fields of INFO memory ("-" before a name subtracts
+// it) over the masters.
+func (o *observers) readRedisInfo(ctx context.Context, fields ...string) (int64, error) {
 	var total atomic.Int64
 	err := stack.ForEachMaster(ctx, o.rdb, func(ctx context.Context, node *redis.Client) error {
 		info, err := node.InfoMap(ctx, "memory").Result()
 		if err != nil {
 			return fmt.Errorf("redis %s info memory: %w", node.Options().Addr, err)
 		}
-		v, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
-		if err != nil {
-			return fmt.Errorf("redis %s used_memory: %w", node.Options().Addr, err)
+		for _, f := range fields {
+			name, minus := strings.CutPrefix(f, "-")
+			v, err := strconv.ParseInt(info["Memory"][name], 10, 64)
+			if err != nil {
+				return fmt.Errorf("redis %s %s: %w", node.Options().Addr, name, err)
+			}
+			if minus {
+				v = -v
+			}
+			total.Add(v)
 		}
-		total.Add(v)
 		return nil
 	})
 	return total.Load(), err

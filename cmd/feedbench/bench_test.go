@@ -142,6 +142,9 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 		assert.Positive(t, s.CPU[0].NATS, "NATS CPU in the mixed phase")
 	}
 	assert.Positive(t, s.FanoutRate)
+	// A user holds at least their follow sets; an event at least a row.
+	assert.Greater(t, s.Scale.RedisPerUser, 50.0, "Redis bytes per materialised user")
+	assert.Greater(t, s.Scale.PostgresPerEvent, 20.0, "Postgres bytes per event")
 	assert.True(t, s.Fanout.RepairsKnown, "the service's inbox repairs")
 	assert.Zero(t, s.Errors)
 	var stages []string
@@ -154,7 +157,7 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 	report, err := os.ReadFile(filepath.Join(out, "report.md"))
 	require.NoError(t, err)
 	for _, section := range []string{"## Raw limits", "## Commands", "## Feed freshness", "## `GET /feed`",
-		"## Projectors", "Where a planner batch's time went", "## Resources", "## The service against the raw limits", "## Targets", "## Live streams"} {
+		"## Projectors", "Where a planner batch's time went", "## Resources", "## Cost per unit of work", "## The service against the raw limits", "## Targets", "## Live streams"} {
 		assert.Contains(t, string(report), section)
 	}
 	assert.Contains(t, stdout.String(), "## Targets", "the report is printed too")

@@ -46,7 +46,8 @@ type Projector struct {
 	applied atomic.Uint64
 	// added counts, by user, the items added since the user's activity was
 	// last trimmed by this projector. Apply is called one batch at a time.
-	added map[domain.UserID]int
+	added map[domain.UserID]int // epoch is the lease's under which it writes (see Fence).
+	epoch atomic.Uint64
 }
 
 // NewProjector returns the activity projector writing to pool, whose search
@@ -60,6 +61,11 @@ func NewProjector(pool *pgxpool.Pool, metrics *projections.Metrics, cfg Config) 
 
 // Name implements projections.Projector.
 func (p *Projector) Name() string { return ProjectorName }
+
+// Fence implements projections.Fenced: every checkpoint write from now on
+// carries epoch, and is refused (with the whole batch) once a newer epoch
+// wrote the checkpoint.
+func (p *Projector) Fence(epoch uint64) { p.epoch.Store(epoch) }
 
 // BatchSize implements projections.BatchSizer: a batch costs two round trips
 // and a few statements however many events it holds.
@@ -133,7 +139,7 @@ const (
 	createCheckpoint = `INSERT INTO projector_checkpoints (projector, position) VALUES ($1, 0)
 		ON CONFLICT (projector) DO NOTHING`
 	lockCheckpoint    = `SELECT position FROM projector_checkpoints WHERE projector = $1 FOR UPDATE`
-	advanceCheckpoint = `UPDATE projector_checkpoints SET position = $2, updated_at = now() WHERE projector = $1`
+	advanceCheckpoint = pgschema.AdvanceCheckpoint
 )
 
 // apply runs a batch in one transaction of two round trips: the lock and the
@@ -198,7 +204,7 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record) error {
 	pl.queueWrites(&b)
 	trimmed := p.queueTrims(&b, pl)
 	last := fresh[len(fresh)-1].Seq
-	b.Queue(advanceCheckpoint, ProjectorName, int64(last))
+	b.Queue(advanceCheckpoint, ProjectorName, int64(last), int64(p.epoch.Load()))
 	b.Queue("COMMIT")
 	if err := commit(conn.SendBatch(ctx, &b), b.Len()); err != nil {
 		return err
@@ -270,6 +276,9 @@ func commit(results pgx.BatchResults, n int) error {
 	for range n - 1 {
 		if _, err := results.Exec(); err != nil {
 			_ = results.Close()
+			if fenced := pgschema.Fenced(err); fenced != nil {
+				return fenced
+			}
 			if isDataError(err) {
 				return err
 			}

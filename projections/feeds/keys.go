@@ -29,6 +29,7 @@ import (
 //	<p>big                 set     fanout.Planner      accounts with more followers than the threshold
 //	<p>warm                list    readers             materialisation requests (LPUSH; the planner RPOPs)
 //	<p>planner:pos         string  fanout.Planner      the planner's log position
+//	<p>planner:epoch{<p>planner:pos}  string  fanout.Planner  the lease epoch that last moved it (in its slot)
 //	rq:{inboxes}:*         3 keys  repair.Maintenance  the round of inboxes to reconcile (roundqueue)
 //	stream:{<uid>}         zset    presence.Registry   the user's open live streams, by expiry
 //	stream:online          zset    presence.Registry   users with an open live stream, by expiry
@@ -124,6 +125,13 @@ func (k Keyspace) Warm() string { return k.prefix + warmName }
 
 // PlannerPosition is the key of the planner's log position.
 func (k Keyspace) PlannerPosition() string { return k.prefix + plannerPosName }
+
+// PlannerEpoch is the key of the lease epoch under which the planner's
+// position was last moved: hash-tagged with the position's name, so that
+// one script reads and writes both on a Redis Cluster.
+func (k Keyspace) PlannerEpoch() string {
+	return k.prefix + "planner:epoch{" + k.PlannerPosition() + "}"
+}
 
 // InboxPattern matches the inbox metas of the keyspace (SCAN MATCH).
 func (k Keyspace) InboxPattern() string { return k.prefix + "{*}:" + inboxSuffix }

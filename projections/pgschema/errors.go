@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections"
 )
 
 // Unreachable tells a failure to reach Postgres (no connection, a connection
@@ -42,4 +43,23 @@ func Failure(err error) error {
 		return fmt.Errorf("%w: %w", domain.ErrUnavailable, err)
 	}
 	return err
+}
+
+// AdvanceCheckpoint moves projector $1's checkpoint to $2 under the lease
+// epoch $3 (advance_checkpoint, of each schema's migrations), refusing the
+// write, and the batch's transaction with it, if a newer epoch wrote the
+// checkpoint (see projections.Fenced).
+const AdvanceCheckpoint = `SELECT advance_checkpoint($1, $2, $3)`
+
+// checkpointFenced is the error advance_checkpoint raises.
+const checkpointFenced = "FE002"
+
+// Fenced is projections.ErrFenced, with Postgres's message, if err is
+// advance_checkpoint's refusal; else nil.
+func Fenced(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == checkpointFenced {
+		return fmt.Errorf("%w: %s", projections.ErrFenced, pgErr.Message)
+	}
+	return nil
 }

@@ -136,13 +136,18 @@ func (r *Rebuild) Switch(ctx context.Context, catchUp func(context.Context, uint
 	if _, err := tx.Exec(ctx, "LOCK TABLE "+live+".projector_checkpoints IN ACCESS EXCLUSIVE MODE"); err != nil {
 		return fmt.Errorf("lock the live checkpoint: %w", Failure(err))
 	}
-	var pos int64
-	err = tx.QueryRow(ctx, "SELECT position FROM "+live+".projector_checkpoints WHERE projector = $1", r.cfg.Projector).Scan(&pos)
+	var pos, epoch int64
+	err = tx.QueryRow(ctx, "SELECT position, epoch FROM "+live+".projector_checkpoints WHERE projector = $1", r.cfg.Projector).Scan(&pos, &epoch)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("live checkpoint: %w", Failure(err))
 	}
 	if err := catchUp(ctx, uint64(pos)); err != nil {
 		return err
+	}
+	// The live projector's lease fences the new state as it did the old.
+	if _, err := tx.Exec(ctx, "UPDATE "+pgx.Identifier{r.cfg.Shadow()}.Sanitize()+".projector_checkpoints SET epoch = $2 WHERE projector = $1",
+		r.cfg.Projector, epoch); err != nil {
+		return fmt.Errorf("switch: %w", Failure(err))
 	}
 	if _, err := tx.Exec(ctx, "ALTER SCHEMA "+live+" RENAME TO "+pgx.Identifier{r.cfg.old()}.Sanitize()); err != nil {
 		return fmt.Errorf("switch: %w", Failure(err))

@@ -14,6 +14,7 @@ import (
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/pgschema"
 )
 
 // ProjectorName names the read model projector's checkpoint row, durable
@@ -45,6 +46,8 @@ type Projector struct {
 	catchUp int
 	// last is the batch Send sent last.
 	last *flight
+	// epoch is the lease's under which it writes (see Fence).
+	epoch atomic.Uint64
 }
 
 // flight is a batch handed to Send.
@@ -64,6 +67,16 @@ func NewProjector(pool *pgxpool.Pool, metrics *projections.Metrics) *Projector {
 
 // Name implements projections.Projector.
 func (p *Projector) Name() string { return ProjectorName }
+
+// Fence implements projections.Fenced: every checkpoint write from now on
+// carries epoch, and is refused (with the whole batch) once a newer epoch
+// wrote the checkpoint. What it remembers of the rows is forgotten: another
+// process may have changed them.
+func (p *Projector) Fence(epoch uint64) {
+	p.epoch.Store(epoch)
+	p.known.forget()
+	p.last = nil
+}
 
 // BatchSize implements projections.BatchSizer. A batch's cost has a part
 // that its size does not change (two round trips, a commit) and statements
@@ -134,8 +147,11 @@ func (p *Projector) applyWith(ctx context.Context, batch []events.Record, pr *pl
 const (
 	createCheckpoint = `INSERT INTO projector_checkpoints (projector, position) VALUES ($1, 0)
 		ON CONFLICT (projector) DO NOTHING`
-	lockCheckpoint    = `SELECT position FROM projector_checkpoints WHERE projector = $1 FOR UPDATE`
-	advanceCheckpoint = `UPDATE projector_checkpoints SET position = $2, updated_at = now() WHERE projector = $1`
+	lockCheckpoint = `SELECT position FROM projector_checkpoints WHERE projector = $1 FOR UPDATE`
+	// advanceCheckpoint refuses a write under an older epoch than the last
+	// (migration 5): the transaction fails, and every write of the batch
+	// with it.
+	advanceCheckpoint = pgschema.AdvanceCheckpoint
 )
 
 // apply runs a batch in one transaction of two round trips: BEGIN, the lock
@@ -248,7 +264,7 @@ func (p *Projector) apply(ctx context.Context, batch []events.Record, pr *planne
 		}
 	}
 	last := fresh[len(fresh)-1].Seq
-	b.Queue(advanceCheckpoint, ProjectorName, int64(last))
+	b.Queue(advanceCheckpoint, ProjectorName, int64(last), int64(p.epoch.Load()))
 	b.Queue("COMMIT")
 	owner = append(owner, 0)
 
@@ -274,6 +290,8 @@ func commitResults(results pgx.BatchResults, owner []uint64) error {
 			switch {
 			case errors.As(err, &pgErr) && pgErr.Code == checkpointElsewhere:
 				return fmt.Errorf("%w: %w", errBatchBefore, err)
+			case pgschema.Fenced(err) != nil:
+				return pgschema.Fenced(err)
 			case seq != 0 && isDataError(err):
 				return &projections.EventError{Seq: seq, Err: err}
 			}
@@ -380,7 +398,7 @@ func (p *Projector) planAhead(batch []events.Record, pr *planner) (*pgx.Batch, u
 	b.Queue(lockCheckpointAt, ProjectorName, int64(kn.at))
 	b.Queue(planWrites)
 	pr.planOf(records, merged, st).queueWrites(b)
-	b.Queue(advanceCheckpoint, ProjectorName, int64(last))
+	b.Queue(advanceCheckpoint, ProjectorName, int64(last), int64(p.epoch.Load()))
 	b.Queue("COMMIT")
 	kn.learn(last, keys, st, pr, records)
 	return b, last

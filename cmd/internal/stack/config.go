@@ -22,6 +22,9 @@ type Config struct {
 	LogFormat       string
 	ShutdownTimeout time.Duration
 	ConsistencyWait time.Duration
+	// LeaseTTL is how long a projector role's lease outlives its holder's
+	// last renewal (FEED_LEASE_TTL).
+	LeaseTTL time.Duration
 	// ResumeWindow is how far back a stream resumes (FEED_RESUME_WINDOW).
 	ResumeWindow time.Duration
 
@@ -65,6 +68,16 @@ type Config struct {
 	// MediaStore is where images live: MediaPack or MediaObjectStore
 	// (FEED_MEDIA_STORE).
 	MediaStore string
+
+	// Web is FEED_WEB: "" (the web page in dev only), "1" (in serve too) or
+	// "0" (nowhere); see ServesWebPage.
+	Web string
+}
+
+// ServesWebPage reports whether the api role serves the web page at /: in
+// development mode unless FEED_WEB=0, and in serve only with FEED_WEB=1.
+func (c Config) ServesWebPage(dev bool) bool {
+	return c.Web == "1" || (dev && c.Web == "")
 }
 
 // The media stores FEED_MEDIA_STORE names.
@@ -101,7 +114,7 @@ const (
 	RoleAPI       = "api"
 	RoleReadModel = "readmodel" // the Postgres read model projector
 	RolePlanner   = "planner"   // the feed projector's first stage
-	RoleAppliers  = "appliers"  // the feed projector's second stage (all partitions)
+	RoleAppliers  = "appliers"  // the feed projector's second stage (a share of the partitions)
 	RoleActivity  = "activity"  // the activity projector (Postgres)
 )
 
@@ -117,7 +130,7 @@ var Variables = []Variable{
 	{"FEED_HTTP_ADDR", ":8080", "HTTP listen address."},
 	{"FEED_DATA_DIR", ".data", "Data directory: the NATS store (when NATS_URL is unset), media, and in dev mode Redis and Postgres data."},
 	{"FEED_JWT_SECRET", "", "HS256 secret for bearer tokens, at least 16 bytes; required by `serve`. `dev` and `token` use a fixed development secret when it is unset."},
-	{"FEED_ROLES", "api,readmodel,planner,appliers,activity", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector), `planner` and `appliers` (the two stages of the Redis feed projector), `activity` (the activity projector, Postgres). Run each projector role in one process at a time."},
+	{"FEED_ROLES", "api,readmodel,planner,appliers,activity", "Comma-separated roles this process runs (`--roles` overrides): `api`, `readmodel` (the Postgres projector), `planner` and `appliers` (the two stages of the Redis feed projector), `activity` (the activity projector, Postgres). A projector role may run in several processes: one is active and the others stand by (`readmodel`, `planner`, `activity`), or they share the partitions (`appliers`)."},
 	{"FEED_INBOX_CAP", "500", "Posts kept per home feed inbox in Redis: the newest, and up to 100 more before a trim."},
 	{"FEED_OUTBOX_CAP", "500", "Posts kept per author outbox in Redis."},
 	{"FEED_INBOX_TTL", "168h", "Inboxes of users who have not read their feed for this long expire and stop receiving pushes."},
@@ -130,11 +143,13 @@ var Variables = []Variable{
 	{"FEED_MEDIA_GRACE", "1h", "Images are kept at least this long after their last upload, and after the post that showed them was deleted; older ones no post references are removed. At least 5m."},
 	{"FEED_MEDIA_COLLECT_INTERVAL", "1h", "How often the api role removes the images no post references and compacts the media packs; 0 only on `POST /admin/media/collect`."},
 	{"FEED_MEDIA_STORE", "pack", "Where the api role keeps images: `pack` (files under FEED_DATA_DIR/media, which one process at a time opens) or `objectstore` (the JetStream Object Store bucket FEED_MEDIA, replicated like the event stream, which every API replica shares)."},
+	{"FEED_WEB", "", "The web page at `/`, a client of the public API for trying the service in a browser: unset serves it in `dev` only, `1` in `serve` too, `0` nowhere. `dev` adds its development sign-in (`POST /dev/token`, a token for any user id), which answers 403 when FEED_JWT_SECRET is set; `serve` never has it."},
 	{"FEED_NODE_ID", "0", "This process's node number in post and comment ids, 0–255: unique per API replica."},
 	{"FEED_LOG_LEVEL", "info", "debug, info, warn or error."},
 	{"FEED_LOG_FORMAT", "text", "text or json."},
 	{"FEED_SHUTDOWN_TIMEOUT", "20s", "How long shutdown waits for in-flight work."},
 	{"FEED_CONSISTENCY_WAIT", "2s", "Longest wait of a read for X-Min-Position."},
+	{"FEED_LEASE_TTL", "5s", "How long a projector role's lease (in the JetStream bucket FEED_LEASES) outlives the last renewal of the process holding it: a standby takes over about this and a second after the active process dies. The same in every process; at least 1s."},
 	{"FEED_RESUME_WINDOW", "10m", "How far back GET /stream resumes from a Last-Event-ID; an older position gets a reset."},
 	{"FEED_NATS_PORT", "4222", "Loopback client port of the NATS server started when NATS_URL is unset (so the nats CLI connects with no flags); 0 picks a free one."},
 	{"FEED_NATS_SYNC", "always", "That server's JetStream fsync policy: always (acknowledged = on disk) or an interval such as 2m."},
@@ -193,6 +208,7 @@ func Parse(getenv func(string) string) (Config, error) {
 		LogFormat:        get("FEED_LOG_FORMAT"),
 		ShutdownTimeout:  duration("FEED_SHUTDOWN_TIMEOUT"),
 		ConsistencyWait:  duration("FEED_CONSISTENCY_WAIT"),
+		LeaseTTL:         duration("FEED_LEASE_TTL"),
 		ResumeWindow:     duration("FEED_RESUME_WINDOW"),
 		NodeID:           integer("FEED_NODE_ID", 0, 255),
 		NATSURL:          get("NATS_URL"),
@@ -220,12 +236,19 @@ func Parse(getenv func(string) string) (Config, error) {
 		MediaGrace:           duration("FEED_MEDIA_GRACE"),
 		MediaCollectInterval: duration("FEED_MEDIA_COLLECT_INTERVAL"),
 		MediaStore:           get("FEED_MEDIA_STORE"),
+		Web:                  get("FEED_WEB"),
+	}
+	if cfg.Web != "" && cfg.Web != "0" && cfg.Web != "1" {
+		errs = append(errs, fmt.Sprintf("FEED_WEB=%q is not 1 or 0", cfg.Web))
 	}
 	if get("FEED_REDIS_REPLICA_ACKS") != "" {
 		cfg.RedisReplicaAcks = integer("FEED_REDIS_REPLICA_ACKS", 0, 5)
 	}
 	if cfg.MediaStore != MediaPack && cfg.MediaStore != MediaObjectStore {
 		errs = append(errs, fmt.Sprintf("FEED_MEDIA_STORE=%q is not %s or %s", cfg.MediaStore, MediaPack, MediaObjectStore))
+	}
+	if cfg.LeaseTTL < time.Second {
+		errs = append(errs, fmt.Sprintf("FEED_LEASE_TTL=%q is shorter than 1s: renewals every fifth of it would be too frequent to survive a pause", get("FEED_LEASE_TTL")))
 	}
 	if cfg.MediaGrace < minMediaGrace {
 		errs = append(errs, fmt.Sprintf("FEED_MEDIA_GRACE=%q is shorter than %s, the longest an upload may wait for its post", get("FEED_MEDIA_GRACE"), minMediaGrace))

@@ -124,6 +124,9 @@ func workVersion(msg jetstream.Msg) (int64, error) {
 // Running reports whether every partition is consuming.
 func (a *Applier) Running() bool { return int(a.running.Load()) == len(a.partitions) }
 
+// Consuming is how many partitions are consuming.
+func (a *Applier) Consuming() int { return int(a.running.Load()) }
+
 // Applied counts the inbox changes made (work items not skipped).
 func (a *Applier) Applied() int64 { return a.applied.Load() }
 
@@ -135,6 +138,13 @@ func (a *Applier) Run(ctx context.Context) error {
 	}
 	return g.Wait()
 }
+
+// RunPartition applies the work of partition part until ctx ends: Run's
+// work for one partition, for a process that holds a share of them (see
+// lease.Leases.Share; its partitions, as NewApplier's, may be none). When ctx
+// ends it finishes the message in hand; the work delivered after it and not
+// applied goes, in order, to the next consumer of the partition.
+func (a *Applier) RunPartition(ctx context.Context, part int) error { return a.runPartition(ctx, part) }
 
 func (a *Applier) runPartition(ctx context.Context, part int) error {
 	const firstBackoff = 50 * time.Millisecond

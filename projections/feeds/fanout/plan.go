@@ -116,6 +116,9 @@ func (p *Planner) planBatch(ctx context.Context, recs []events.Record, facts *gr
 		return nil, err
 	}
 	lap("changes")
+	if err := state.fenced(p.epoch.Load()); err != nil {
+		return nil, err
+	}
 	if err := p.checkState(state.result()); err != nil {
 		return nil, err
 	}

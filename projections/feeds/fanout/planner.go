@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -124,6 +125,8 @@ type Planner struct {
 	stall time.Duration
 	// online, if set, tells which recipients' work goes first.
 	online Online
+	// epoch is the lease's under which it moves its position (see Fence).
+	epoch atomic.Uint64
 }
 
 // Online tells the planner the recipients that are online (holding a live
@@ -194,6 +197,18 @@ func (p *Planner) EnsureStream(ctx context.Context) error {
 // Name implements projections.Projector.
 func (p *Planner) Name() string { return PlannerName }
 
+// Fence implements projections.Fenced: the planner's position moves under
+// epoch from now on, and a planner that finds a newer epoch moved it stops
+// before it plans or publishes (each batch reads the epoch with the
+// position, and again after changing the graph), and cannot move it.
+//
+// Its changes of the graph and the outboxes are not fenced in the same
+// step: on a Redis Cluster they are in other slots. A holder paused between
+// reading the epoch and changing the graph could still change it after a
+// newer holder has read it; the lease, which it stops counting on before
+// another process can take it, is what keeps that window to a pause.
+func (p *Planner) Fence(epoch uint64) { p.epoch.Store(epoch) }
+
 // Checkpoint implements projections.Projector.
 func (p *Planner) Checkpoint(ctx context.Context) (uint64, error) {
 	p.mu.Lock()
@@ -236,7 +251,13 @@ func (p *Planner) Verify(ctx context.Context) error {
 // rebuild switched to its own, which the planner resumes in from that
 // version's position.
 func (p *Planner) verifyLocked(ctx context.Context) error {
-	return p.checkState(plannerState(ctx, p.store))
+	pipe := p.store.Client().Pipeline()
+	r := queuePlannerState(ctx, p.store, pipe)
+	_, _ = pipe.Exec(ctx) // each command's error is looked at by r.result
+	if err := r.fenced(p.epoch.Load()); err != nil {
+		return err
+	}
+	return p.checkState(r.result())
 }
 
 // checkState is verifyLocked's judgement of the state read.
@@ -350,6 +371,9 @@ func (p *Planner) apply(ctx context.Context, batch []events.Record, lap func(str
 	if err != nil {
 		return err
 	}
+	if err := state.fenced(p.epoch.Load()); err != nil {
+		return err
+	}
 	if p.follows() && active != p.store.Version() {
 		return fmt.Errorf("keyspace version %d in use, planner at %d: %w", active, p.store.Version(), errStateLost)
 	}
@@ -396,7 +420,7 @@ func (p *Planner) apply(ctx context.Context, batch []events.Record, lap func(str
 		return err
 	}
 	lap("publish")
-	if err := advancePlannerPosition(ctx, p.store, cp, fresh[len(fresh)-1].Seq, w.bigChanges); err != nil {
+	if err := advancePlannerPosition(ctx, p.store, cp, fresh[len(fresh)-1].Seq, p.epoch.Load(), w.bigChanges); err != nil {
 		return err
 	}
 	lap("position")

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/feedproject/feed/domain"
+	"github.com/feedproject/feed/projections"
 	"github.com/feedproject/feed/projections/feeds"
 )
 
@@ -78,14 +79,24 @@ func SetPlannerPosition(ctx context.Context, s *feeds.Store, seq uint64) error {
 
 // advancePosition moves the planner's position from `from` to `to` only if it
 // is still `from`: if Redis lost the planner's state during a batch (the key is
-// gone or older), the batch must not be recorded as done on top of it.
+// gone or older), the batch must not be recorded as done on top of it (0). A
+// planner whose lease epoch (ARGV[3]) is below the one that last moved the
+// position has lost the lease to another and moves nothing (-1); the
+// position records the epoch of each move.
 var advancePosition = redis.NewScript(`
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
-	redis.call('SET', KEYS[1], ARGV[2])
-	return 1
+local fenced = tonumber(redis.call('GET', KEYS[2]) or '0')
+local epoch = tonumber(ARGV[3])
+if fenced > epoch then
+	return -1
 end
-return 0`)
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+	return 0
+end
+redis.call('SET', KEYS[1], ARGV[2])
+if fenced < epoch then
+	redis.call('SET', KEYS[2], ARGV[3])
+end
+return 1`)
 
 // initPlannerPosition makes the planner's position key exist (at 0) before the first
 // batch, so that its absence always means lost state.
@@ -99,21 +110,24 @@ func initPlannerPosition(ctx context.Context, s *feeds.Store) error {
 // advancePlannerPosition also records the batch's changes of the big
 // accounts, in the same round trip, just before (not atomically: the two keys
 // may be in different slots of a Cluster).
-func advancePlannerPosition(ctx context.Context, s *feeds.Store, from, to uint64, big map[domain.UserID]bool) error {
+func advancePlannerPosition(ctx context.Context, s *feeds.Store, from, to, epoch uint64, big map[domain.UserID]bool) error {
 	var (
 		ok  int
 		err error
 	)
+	keys := []string{s.Keys().PlannerPosition(), s.Keys().PlannerEpoch()}
+	args := []any{strconv.FormatUint(from, 10), strconv.FormatUint(to, 10), strconv.FormatUint(epoch, 10)}
 	if len(big) == 0 {
-		ok, err = advancePosition.Run(ctx, s.Client(), []string{s.Keys().PlannerPosition()},
-			strconv.FormatUint(from, 10), strconv.FormatUint(to, 10)).Int()
+		ok, err = advancePosition.Run(ctx, s.Client(), keys, args...).Int()
 	} else {
-		ok, err = advanceWithBig(ctx, s, from, to, big)
+		ok, err = advanceWithBig(ctx, s, keys, args, big)
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		return feeds.Fail("advance planner position", err)
-	}
-	if ok != 1 {
+	case ok == -1:
+		return fmt.Errorf("%w: the planner's position was moved under a newer epoch than %d", projections.ErrFenced, epoch)
+	case ok != 1:
 		return fmt.Errorf("planner position moved from %d during the batch: %w", from, errStateLost)
 	}
 	return nil
@@ -129,18 +143,34 @@ func plannerState(ctx context.Context, s *feeds.Store) (seq uint64, stored bool,
 	return r.result()
 }
 
-// plannerStateRead is plannerState's reads, queued on a pipeline.
-type plannerStateRead struct{ pos, version *redis.StringCmd }
+// plannerStateRead is plannerState's reads, queued on a pipeline, and the
+// epoch that last moved the position.
+type plannerStateRead struct{ pos, version, epoch *redis.StringCmd }
 
 // queuePlannerState queues on pipe the reads of plannerState, so that they can
 // share a round trip with others (see Planner.Apply).
 func queuePlannerState(ctx context.Context, s *feeds.Store, pipe redis.Pipeliner) plannerStateRead {
-	return plannerStateRead{pos: pipe.Get(ctx, s.Keys().PlannerPosition()), version: pipe.Get(ctx, feeds.VersionKey)}
+	return plannerStateRead{
+		pos:     pipe.Get(ctx, s.Keys().PlannerPosition()),
+		version: pipe.Get(ctx, feeds.VersionKey),
+		epoch:   pipe.Get(ctx, s.Keys().PlannerEpoch()),
+	}
+}
+
+// fenced fails with projections.ErrFenced if a newer epoch than epoch moved
+// the position, once the reads' pipeline has run (a failed read is
+// result's to report).
+func (r plannerStateRead) fenced(epoch uint64) error {
+	at, _ := strconv.ParseUint(r.epoch.Val(), 10, 64) // none, or a failed read (result's to report): 0
+	if at <= epoch {
+		return nil
+	}
+	return fmt.Errorf("%w: the planner's position was moved under epoch %d, this planner's is %d", projections.ErrFenced, at, epoch)
 }
 
 // result is what the reads found, once their pipeline has run.
 func (r plannerStateRead) result() (seq uint64, stored bool, active int64, err error) {
-	for _, c := range []*redis.StringCmd{r.pos, r.version} {
+	for _, c := range []*redis.StringCmd{r.pos, r.version, r.epoch} {
 		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return 0, false, 0, feeds.Fail("read planner position", err)
 		}
@@ -163,7 +193,7 @@ func (r plannerStateRead) result() (seq uint64, stored bool, active int64, err e
 }
 
 // advanceWithBig is advancePlannerPosition with changes of the big accounts.
-func advanceWithBig(ctx context.Context, s *feeds.Store, from, to uint64, big map[domain.UserID]bool) (int, error) {
+func advanceWithBig(ctx context.Context, s *feeds.Store, keys []string, args []any, big map[domain.UserID]bool) (int, error) {
 	// Loaded first, so that the pipeline's EVALSHA finds it.
 	if err := advancePosition.Load(ctx, s.Client()).Err(); err != nil {
 		return 0, err
@@ -176,7 +206,7 @@ func advanceWithBig(ctx context.Context, s *feeds.Store, from, to uint64, big ma
 			pipe.SRem(ctx, s.Keys().Big(), int64(u))
 		}
 	}
-	adv := advancePosition.EvalSha(ctx, pipe, []string{s.Keys().PlannerPosition()}, strconv.FormatUint(from, 10), strconv.FormatUint(to, 10))
+	adv := advancePosition.EvalSha(ctx, pipe, keys, args...)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, err
 	}

@@ -21,6 +21,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	mdFeed(&b, s)
 	r.mdProjectors(&b, s)
 	r.mdResources(&b, s)
+	r.mdScale(&b, s)
 	mdRatios(&b, s)
 	mdTargets(&b, s)
 	_, err := io.WriteString(w, b.String())
@@ -204,6 +205,25 @@ func (r *Report) mdProjectors(b *strings.Builder, s Summary) {
 		fmt.Fprintf(b, "\nAfter the mixed phase both projectors had applied everything up to position %d within %s.\n\n",
 			r.DrainPosition, fmtDuration(r.Drain))
 	}
+}
+
+// mdScale is what a unit of work cost: the figures to compare between runs
+// of different graph sizes.
+func (r *Report) mdScale(b *strings.Builder, s Summary) {
+	perUnit := func(v float64) string {
+		if v < 0 {
+			return "unknown"
+		}
+		return fmt.Sprintf("%.0f B", v)
+	}
+	fmt.Fprintf(b, "## Cost per unit of work (%d users)\n\n", r.Config.Users)
+	fmt.Fprintf(b, "| figure | value |\n|---|---:|\n")
+	fmt.Fprintf(b, "| fan-out inbox entries/s asked by the mixed phase's posts | %.0f |\n", s.FanoutRate)
+	fmt.Fprintf(b, "| Redis memory per materialised user, graph built and inboxes warm, before any post | %s |\n", perUnit(s.Scale.RedisPerUser))
+	fmt.Fprintf(b, "| Postgres database growth per event of the warm-up and mixed phase, once applied | %s |\n\n", perUnit(s.Scale.PostgresPerEvent))
+	fmt.Fprintf(b, "Redis' is the growth of its `used_memory` without its clients' buffers (which follow the connections open, not the data) from before the graph to the end of the materialisation, over the users; Postgres' "+
+		"from the mixed phase's start until the projectors drained it, over the log positions in between. With the same "+
+		"rates and followers on average they should not grow with the graph.\n\n")
 }
 
 func (r *Report) mdResources(b *strings.Builder, s Summary) {

@@ -20,6 +20,7 @@ const setupRetries = 3
 // and materialises every inbox.
 func (r *runner) setup(ctx context.Context, rng *rand.Rand) error {
 	r.setStage("graph")
+	r.report.BeforeGraph = r.mark(ctx)
 	edges := r.graph.Shuffled(rng)
 	r.logf("graph: %d users, %d follows (%d followers on average, most %d), %d big accounts above %d followers",
 		r.graph.Users(), len(edges), r.cfg.AvgFollowers, r.mostFollowers(), len(r.graph.BigAccounts()), r.cfg.BigThreshold)
@@ -52,7 +53,27 @@ func (r *runner) setup(ctx context.Context, rng *rand.Rand) error {
 		return fmt.Errorf("graph: %w", err)
 	}
 	r.logf("graph: projectors caught up %s later", waited.Round(time.Millisecond))
-	return r.materialise(ctx)
+	if err := r.materialise(ctx); err != nil {
+		return err
+	}
+	r.report.Materialised = r.mark(ctx)
+	return nil
+}
+
+// mark reads the stores' sizes now.
+func (r *runner) mark(ctx context.Context) Mark {
+	m := Mark{Position: r.maxPosition.Load(), RedisData: -1, PostgresSize: -1}
+	if r.target.RedisData != nil {
+		if v, err := r.target.RedisData(ctx); err == nil {
+			m.RedisData = v
+		}
+	}
+	if r.target.PostgresSize != nil {
+		if v, err := r.target.PostgresSize(ctx); err == nil {
+			m.PostgresSize = v
+		}
+	}
+	return m
 }
 
 func (r *runner) mostFollowers() int {
@@ -295,6 +316,7 @@ func (r *runner) drain(ctx context.Context) error {
 		return nil
 	}
 	r.report.Drain = took
+	r.report.Drained = r.mark(ctx)
 	r.logf("drain: the projectors reached position %d %s after the mixed phase", pos, took.Round(time.Millisecond))
 	return nil
 }

@@ -32,7 +32,29 @@ type Report struct {
 	DrainError    string
 	// Streams is what the viewers' streams read (none without viewers).
 	Streams StreamsReport
-	Samples []Sample
+	// The stores' sizes before the graph is built, once every inbox is
+	// materialised (the mixed phase's start), and once the mixed phase is
+	// drained.
+	BeforeGraph, Materialised, Drained Mark
+	Samples                            []Sample
+}
+
+// Mark is the stores' sizes and the log's position at one point of a run.
+type Mark struct {
+	// Position is the highest log position a command was answered with.
+	Position uint64
+	// RedisData is Redis' used_memory without its clients' buffers and
+	// PostgresSize the database's size, in bytes; -1 unknown.
+	RedisData, PostgresSize int64
+}
+
+// ScaleSummary is what a unit of work costs, the figures that should stay the
+// same as the graph grows: per user materialised, Redis' memory (the graph's
+// follow sets and a warm inbox, before any post: what a user costs to hold);
+// per event of the warm-up and the mixed phase, the growth of the read
+// model's database once the projectors applied it. -1 unknown.
+type ScaleSummary struct {
+	RedisPerUser, PostgresPerEvent float64
 }
 
 // StreamsReport is the viewers' streams over the warm-up and the mixed phase.
@@ -72,6 +94,7 @@ type Summary struct {
 	// for.
 	FanoutRate float64
 	Fanout     FanoutSummary
+	Scale      ScaleSummary
 	Projectors []ProjectorSummary
 	Resources  []ResourceSummary
 	// CPU is where the machine's CPU went in the mixed and the read phase.
@@ -256,6 +279,7 @@ func (r *Report) Summary() Summary {
 	s.FanoutRate = float64(r.Mixed.fanout.Load()) / secs
 	s.Projectors = r.projectorSummaries()
 	s.Fanout = r.fanoutSummary()
+	s.Scale = r.scaleSummary()
 	s.Resources = r.resourceSummaries()
 	s.CPU = []CPUSummary{r.cpuSummary(r.Mixed), r.cpuSummary(r.Reads)}
 	s.Disturbed = disturbance(r.mixedSamples())
@@ -554,6 +578,20 @@ func (r *Report) fanoutSummary() FanoutSummary {
 		}
 	}
 	return f
+}
+
+func (r *Report) scaleSummary() ScaleSummary {
+	sc := ScaleSummary{RedisPerUser: -1, PostgresPerEvent: -1}
+	if b, m := r.BeforeGraph.RedisData, r.Materialised.RedisData; b >= 0 && m >= 0 && r.Config.Users > 0 {
+		sc.RedisPerUser = float64(m-b) / float64(r.Config.Users)
+	}
+	// Unless the projectors applied every event, the database is not yet the
+	// size of them.
+	m, d := r.Materialised, r.Drained
+	if r.DrainError == "" && m.PostgresSize >= 0 && d.PostgresSize >= 0 && d.Position > m.Position {
+		sc.PostgresPerEvent = float64(d.PostgresSize-m.PostgresSize) / float64(d.Position-m.Position)
+	}
+	return sc
 }
 
 // The rows of the resources that the memory target reads: the service's Go

@@ -290,3 +290,27 @@ func TestMachineNotesNameTheDAMONMonitorsThatAreOn(t *testing.T) {
 	require.NoError(t, r.WriteMarkdown(&b))
 	assert.Contains(t, b.String(), "; DAMON monitor 0 is on (operations paddr, sampling every 500ms, schemes pageout).\n")
 }
+
+func TestScaleDividesTheStoresGrowthByUsersAndEvents(t *testing.T) {
+	r := reportWith(8, knownSample)
+	r.Config.Users = 1000
+	r.BeforeGraph = Mark{Position: 0, RedisData: 1 << 20, PostgresSize: 8 << 20}
+	r.Materialised = Mark{Position: 10_000, RedisData: 1<<20 + 3_000_000, PostgresSize: 12 << 20}
+	r.Drained = Mark{Position: 50_000, RedisData: 40 << 20, PostgresSize: 12<<20 + 20_000_000}
+
+	s := r.Summary()
+	assert.InDelta(t, 3000, s.Scale.RedisPerUser, 1e-9)
+	assert.InDelta(t, 500, s.Scale.PostgresPerEvent, 1e-9)
+	var md bytes.Buffer
+	require.NoError(t, r.WriteMarkdown(&md))
+	assert.Contains(t, md.String(), "| Redis memory per materialised user, graph built and inboxes warm, before any post | 3000 B |")
+	assert.Contains(t, md.String(), "| Postgres database growth per event of the warm-up and mixed phase, once applied | 500 B |")
+
+	// Without a drain the database does not yet hold every event; without
+	// Redis' memory there is nothing to divide.
+	r.DrainError = "still behind"
+	r.BeforeGraph.RedisData = -1
+	s = r.Summary()
+	assert.InDelta(t, -1, s.Scale.RedisPerUser, 0)
+	assert.InDelta(t, -1, s.Scale.PostgresPerEvent, 0)
+}

@@ -144,6 +144,8 @@ type Target struct {
 	// RedisMemory is Redis' used_memory; PostgresSize the database's size.
 	RedisMemory  func(context.Context) (int64, error)
 	PostgresSize func(context.Context) (int64, error)
+	// RedisData is used_memory without the clients' buffers.
+	RedisData func(context.Context) (int64, error)
 	// RedisCPU and PostgresCPU are the CPU time the servers have used.
 	RedisCPU, PostgresCPU func(context.Context) (time.Duration, error)
 	// NATSCPU and NATSMemory are the CPU time and the resident memory of the
