@@ -141,6 +141,9 @@ type Streams struct {
 	// its release.
 	renewing sync.Mutex
 
+	// authors is read and written by the reader of the log alone.
+	authors postAuthors
+
 	catchUps chan struct{} // a slot per resumed stream reading the log
 	ready    chan struct{} // closed once Run knows where it starts
 	done     chan struct{} // closed by Close
@@ -263,7 +266,7 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 	s.begun = rec.Seq
 	s.mu.Unlock()
 	var items []ActivityItem
-	if s.activity != nil && rec.Event != nil {
+	if s.activity != nil && rec.Event != nil && s.mayConcern(ctx, rec) {
 		var err error
 		items, err = s.activity.ActivityItems(ctx, rec, s.joined)
 		if err != nil {
@@ -295,6 +298,63 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 	}
 	s.last = rec.Seq
 	return nil
+}
+
+// mayConcern reports whether rec may make activity for a joined stream. A
+// like or a comment makes its post's author's, and finding the item means
+// waiting for the activity projection to apply rec and a query: the one
+// reader of the log must not do that for every like while few authors are
+// connected. An author not known (a post the read model does not have yet)
+// may be connected.
+func (s *Streams) mayConcern(ctx context.Context, rec events.Record) bool {
+	var post domain.PostID
+	switch e := rec.Event.(type) {
+	case events.PostCreated:
+		s.authors.add(e.PostID, e.UserID)
+		return false
+	case events.PostLiked:
+		post = e.PostID
+	case events.CommentAdded:
+		post = e.PostID
+	default:
+		return true
+	}
+	author, ok := s.authors.get(post)
+	if !ok && s.posts != nil {
+		if posts, err := s.posts.Posts(ctx, []domain.PostID{post}, 0, 0); err == nil && len(posts) == 1 {
+			author, ok = posts[0].UserID, true
+			s.authors.add(post, author)
+		}
+	}
+	return !ok || s.joined(author)
+}
+
+// postAuthors remembers the authors of the last posts created, a ring of
+// them, for the likes and comments that mostly follow soon after.
+type postAuthors struct {
+	by   map[domain.PostID]domain.UserID
+	ring []domain.PostID
+	next int
+}
+
+const rememberedAuthors = 1 << 16
+
+func (a *postAuthors) add(post domain.PostID, author domain.UserID) {
+	if a.by == nil {
+		a.by, a.ring = make(map[domain.PostID]domain.UserID, rememberedAuthors), make([]domain.PostID, rememberedAuthors)
+	}
+	if _, ok := a.by[post]; ok {
+		return
+	}
+	delete(a.by, a.ring[a.next])
+	a.ring[a.next] = post
+	a.next = (a.next + 1) % len(a.ring)
+	a.by[post] = author
+}
+
+func (a *postAuthors) get(post domain.PostID) (domain.UserID, bool) {
+	u, ok := a.by[post]
+	return u, ok
 }
 
 // joined reports whether user has a joined stream.
