@@ -798,6 +798,8 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 	for {
 		select {
 		case ev := <-v.queue:
+			// The events waiting behind it go out with it, in one write.
+			out.hold = len(v.queue) > 0
 			if write(ev) != nil {
 				return
 			}
@@ -895,7 +897,13 @@ type sseWriter struct {
 	timeout time.Duration
 	// lastID is the last id written.
 	lastID uint64
+	// hold keeps an event in the buffer (up to holdBytes), for the next
+	// one's write: it is not the last of those waiting.
+	hold bool
 }
+
+// holdBytes bounds the events held for one write.
+const holdBytes = 16 << 10
 
 // watch calls gone when the client closes the connection (or sends
 // anything: a stream's connection carries no other request), so that a
@@ -950,6 +958,9 @@ func (o *sseWriter) event(id uint64, kind string, data []byte) error {
 	}
 	_ = o.w.WriteByte('\n')
 	o.lastID = id
+	if o.hold && o.w.Buffered() < holdBytes {
+		return nil
+	}
 	return o.flush()
 }
 
