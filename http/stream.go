@@ -83,7 +83,8 @@ type StreamActivity interface {
 // ActivityItem is one item of a user's activity, as GET /activity shows it.
 type ActivityItem struct {
 	User domain.UserID
-	// JSON is the item's body.
+	// JSON is the item's body (nil in the dispatcher's own, whose item the
+	// stream finds as it writes it).
 	JSON []byte
 }
 
@@ -266,9 +267,18 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 	s.begun = rec.Seq
 	s.mu.Unlock()
 	var items []ActivityItem
-	if s.activity != nil && rec.Event != nil && s.mayConcern(ctx, rec) {
+	if s.activity != nil && rec.Event != nil {
+		owner, known, maybe := s.activityOwner(ctx, rec)
 		var err error
-		items, err = s.activity.ActivityItems(ctx, rec, s.joined)
+		switch {
+		case !maybe:
+		case known && s.joined(owner):
+			// Found by the owner's streams as they write it (see
+			// writeActivity), so that no stream waits for another's.
+			items = []ActivityItem{{User: owner}}
+		case !known:
+			items, err = s.activity.ActivityItems(ctx, rec, s.joined)
+		}
 		if err != nil {
 			s.mu.Lock()
 			s.begun = s.last
@@ -300,24 +310,26 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 	return nil
 }
 
-// mayConcern reports whether rec may make activity for a joined stream. A
-// like or a comment makes its post's author's, and finding the item means
-// waiting for the activity projection to apply rec and a query: the one
-// reader of the log must not do that for every like while few authors are
-// connected. An author not known (a post the read model does not have yet)
-// may be connected.
-func (s *Streams) mayConcern(ctx context.Context, rec events.Record) bool {
+// activityOwner is whose activity item rec may make (maybe), if known: a
+// follow makes the followee's, a like or a comment its post's author's.
+// Finding the item means waiting for the activity projection to apply rec,
+// and a query: the one reader of the log must not do that, for every like,
+// for all the streams. An author not known (a post the read model does not
+// have yet) is not.
+func (s *Streams) activityOwner(ctx context.Context, rec events.Record) (owner domain.UserID, known, maybe bool) {
 	var post domain.PostID
 	switch e := rec.Event.(type) {
 	case events.PostCreated:
 		s.authors.add(e.PostID, e.UserID)
-		return false
+		return 0, false, false
+	case events.UserFollowed:
+		return e.FolloweeID, true, true
 	case events.PostLiked:
 		post = e.PostID
 	case events.CommentAdded:
 		post = e.PostID
 	default:
-		return true
+		return 0, false, false
 	}
 	author, ok := s.authors.get(post)
 	if !ok && s.posts != nil {
@@ -326,7 +338,7 @@ func (s *Streams) mayConcern(ctx context.Context, rec events.Record) bool {
 			s.authors.add(post, author)
 		}
 	}
-	return !ok || s.joined(author)
+	return author, ok, true
 }
 
 // postAuthors remembers the authors of the last posts created, a ring of
@@ -836,6 +848,9 @@ func (s *Streams) write(ctx context.Context, out *sseWriter, viewer domain.UserI
 	case kindFollow, kindUnfollow:
 		data = append(appendString([]byte(`{"user_id":`), ev.user.String()), '}')
 	case kindActivity:
+		if ev.pending != nil {
+			return s.writeActivity(ctx, out, viewer, ev)
+		}
 		data = ev.activity
 	}
 	if err := out.event(ev.seq, ev.kind, data); err != nil {
@@ -844,6 +859,25 @@ func (s *Streams) write(ctx context.Context, out *sseWriter, viewer domain.UserI
 	s.metrics.sent.WithLabelValues(ev.kind).Inc()
 	if ev.kind == kindPost && ev.live {
 		s.metrics.delay.Observe(s.now().Sub(ev.occurred).Seconds())
+	}
+	return nil
+}
+
+// writeActivity writes the viewer's activity item of the event the
+// dispatcher found may make one, if it does.
+func (s *Streams) writeActivity(ctx context.Context, out *sseWriter, viewer domain.UserID, ev streamEvent) error {
+	items, err := s.activity.ActivityItems(ctx, *ev.pending, func(u domain.UserID) bool { return u == viewer })
+	if err != nil {
+		return err
+	}
+	for _, it := range items {
+		if it.User != viewer {
+			continue
+		}
+		if err := out.event(ev.seq, kindActivity, it.JSON); err != nil {
+			return err
+		}
+		s.metrics.sent.WithLabelValues(kindActivity).Inc()
 	}
 	return nil
 }
