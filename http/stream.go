@@ -142,7 +142,7 @@ type Streams struct {
 	// its release.
 	renewing sync.Mutex
 
-	// authors is read and written by the reader of the log alone.
+	// authors remembers recent posts' authors, for the reader and replays.
 	authors postAuthors
 
 	catchUps chan struct{} // a slot per resumed stream reading the log
@@ -344,6 +344,7 @@ func (s *Streams) activityOwner(ctx context.Context, rec events.Record) (owner d
 // postAuthors remembers the authors of the last posts created, a ring of
 // them, for the likes and comments that mostly follow soon after.
 type postAuthors struct {
+	mu   sync.Mutex
 	by   map[domain.PostID]domain.UserID
 	ring []domain.PostID
 	next int
@@ -352,6 +353,8 @@ type postAuthors struct {
 const rememberedAuthors = 1 << 16
 
 func (a *postAuthors) add(post domain.PostID, author domain.UserID) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if a.by == nil {
 		a.by, a.ring = make(map[domain.PostID]domain.UserID, rememberedAuthors), make([]domain.PostID, rememberedAuthors)
 	}
@@ -365,6 +368,8 @@ func (a *postAuthors) add(post domain.PostID, author domain.UserID) {
 }
 
 func (a *postAuthors) get(post domain.PostID) (domain.UserID, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	u, ok := a.by[post]
 	return u, ok
 }
@@ -643,7 +648,10 @@ func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) e
 		}
 		err := s.log.Read(ctx, events.ReadOptions{FromSeq: v.pos + 1, IncludeUnknown: true}, func(rec events.Record) error {
 			var items []ActivityItem
-			if s.activity != nil && rec.Event != nil {
+			// Only the events whose item may be the viewer's: a wait for the
+			// activity projection and a query for every like kept a replay
+			// from ever reaching the reader.
+			if owner, known, maybe := s.activityOwner(ctx, rec); s.activity != nil && maybe && (!known || owner == v.user) {
 				var err error
 				if items, err = s.activity.ActivityItems(ctx, rec, func(u domain.UserID) bool { return u == v.user }); err != nil {
 					return err

@@ -162,6 +162,8 @@ func TestStreamsAskTheActivityOnlyOfConnectedAuthorsLikes(t *testing.T) {
 	c := openStream(t, r.addr, r.token(t, connected), "", false)
 	c.next(t, 5*time.Second) // the first ping: the stream is there
 	require.Eventually(t, func() bool { return r.streams.joined(connected) }, 5*time.Second, 5*time.Millisecond)
+	before, err := r.log.Head(context.Background())
+	require.NoError(t, err)
 	theirs, _ := r.newPost(t, other, "not connected")
 	mine, _ := r.newPost(t, connected, "connected")
 	unknown := domain.PostID(12345)
@@ -182,6 +184,19 @@ func TestStreamsAskTheActivityOnlyOfConnectedAuthorsLikes(t *testing.T) {
 		return len(seen.posts) >= 2
 	}, 5*time.Second, 5*time.Millisecond)
 	seen.mu.Lock()
-	defer seen.mu.Unlock()
 	assert.ElementsMatch(t, []domain.PostID{mine, unknown}, seen.posts)
+	seen.posts = nil
+	seen.mu.Unlock()
+
+	// A stream resumed from before the likes replays them, and asks the same.
+	resumed := openStream(t, r.addr, r.token(t, connected), events.Position(before), false)
+	for {
+		m := resumed.next(t, 5*time.Second)
+		if pos, _ := strconv.ParseUint(m.id, 10, 64); pos >= head {
+			break
+		}
+	}
+	seen.mu.Lock()
+	defer seen.mu.Unlock()
+	assert.ElementsMatch(t, []domain.PostID{mine, unknown}, seen.posts, "the replay's")
 }
