@@ -620,8 +620,9 @@ func (s *Streams) followsAt(ctx context.Context, user domain.UserID, pos uint64)
 	return follows, nil
 }
 
-// join brings v from its position to the dispatcher's, writing the events
-// on the way with write, and attaches it there.
+// join brings v from its position to the dispatcher's, handing the events
+// on the way to write, and attaches it there, once its queue has room for
+// the dispatcher's events.
 func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) error) error {
 	select {
 	case <-s.ready:
@@ -629,6 +630,13 @@ func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) e
 		return ctx.Err()
 	}
 	for {
+		for len(v.queue) > cap(v.queue)/2 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -801,13 +809,24 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 	v := &viewer{user: user, pos: from, follows: follows,
 		queue: make(chan streamEvent, s.cfg.Buffer), slow: make(chan struct{}), hangUp: out.hangUp}
 	write := func(ev streamEvent) error { return s.write(ctx, out, user, ev) }
-	if err := s.join(ctx, v, write); err != nil {
-		if ctx.Err() == nil && !errors.Is(err, errStreamsClosed) {
-			s.logger.Warn("stream: replay failed; the client resumes", "user", user, "err", err)
+	// The replay queues its events as the reader will, while they are
+	// written: it reads the log as fast as the log goes, where one that
+	// wrote each (a post waits for the read model) stayed behind the reader
+	// under load, never to join it.
+	enqueue := func(ev streamEvent) error {
+		select {
+		case v.queue <- ev:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		return
 	}
+	joined := make(chan error, 1)
+	var joining sync.WaitGroup
+	joining.Go(func() { joined <- s.join(ctx, v, enqueue) })
 	defer func() {
+		cancel()
+		joining.Wait()
 		s.mu.Lock()
 		s.detach(v)
 		s.mu.Unlock()
@@ -817,6 +836,14 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 	wrote := false
 	for {
 		select {
+		case err := <-joined:
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, errStreamsClosed) {
+					s.logger.Warn("stream: replay failed; the client resumes", "user", user, "err", err)
+				}
+				return
+			}
+			joined = nil
 		case ev := <-v.queue:
 			// The events waiting behind it go out with it, in one write.
 			out.hold = len(v.queue) > 0
