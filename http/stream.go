@@ -671,20 +671,39 @@ func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) e
 				}
 			}
 			v.pos = rec.Seq
-			if rec.Seq >= target {
-				return errCaughtUp
+			// Joined as soon as it can be: a replay that stopped at where
+			// the reader was when it began, and began again, chased a
+			// reader that had moved on meanwhile.
+			if rec.Seq >= target && s.attachAt(v) {
+				return errJoined
 			}
 			return nil
 		})
 		<-s.catchUps
 		switch {
-		case errors.Is(err, errCaughtUp):
+		case errors.Is(err, errJoined):
+			return nil
 		case err != nil:
 			return err
 		default:
 			return ctx.Err()
 		}
 	}
+}
+
+// errJoined ends a replay that joined the reader.
+var errJoined = errors.New("joined")
+
+// attachAt attaches v if it has reached the dispatcher's event and its queue
+// has room for the dispatcher's events.
+func (s *Streams) attachAt(v *viewer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || v.pos < s.begun || len(v.queue) > cap(v.queue)/2 {
+		return false
+	}
+	s.attach(v)
+	return true
 }
 
 var errStreamsClosed = errors.New("streams closed")
