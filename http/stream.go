@@ -659,10 +659,12 @@ func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) e
 			// Only the events whose item may be the viewer's: a wait for the
 			// activity projection and a query for every like kept a replay
 			// from ever reaching the reader.
-			if owner, known, maybe := s.activityOwner(ctx, rec); s.activity != nil && maybe && (!known || owner == v.user) {
-				var err error
-				if items, err = s.activity.ActivityItems(ctx, rec, func(u domain.UserID) bool { return u == v.user }); err != nil {
-					return err
+			if s.activity != nil {
+				if owner, known, maybe := s.activityOwner(ctx, rec); maybe && (!known || owner == v.user) {
+					var err error
+					if items, err = s.activity.ActivityItems(ctx, rec, func(u domain.UserID) bool { return u == v.user }); err != nil {
+						return err
+					}
 				}
 			}
 			for _, ev := range v.events(rec, items) {
