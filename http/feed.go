@@ -277,7 +277,9 @@ func (h *homeFeed) feed(c *fiber.Ctx) error {
 // leaving it out would let the cursor pass it for good; so when posts are
 // missing and the read model is behind the feeds, it waits (up to the
 // consistency bound) for it and reads once more. Posts still missing were
-// deleted.
+// deleted. A read model still behind the feeds after the wait answers
+// unavailable: a page without a post it has not reached would let the
+// cursor pass it for good.
 func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer domain.UserID, minPos uint64) ([]readmodel.Post, error) {
 	posts, err := h.posts.Posts(ctx, ids, viewer, minPos)
 	if err != nil || len(posts) == len(ids) {
@@ -297,11 +299,31 @@ func (h *homeFeed) hydrate(ctx context.Context, ids []domain.PostID, viewer doma
 			return h.posts.Posts(ctx, ids, viewer, minPos)
 		}
 		if time.Now().After(deadline) {
-			return posts, nil
+			return nil, fmt.Errorf("hydrate a page: the read model is at %d, behind the feeds at %d: %w", pos, target, domain.ErrUnavailable)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// awaitModel waits, up to the consistency bound, until the read model has
+// applied minPos; past the bound the page is read from what it has.
+func (h *homeFeed) awaitModel(ctx context.Context, minPos uint64) error {
+	if minPos == 0 {
+		return nil
+	}
+	deadline := time.Now().Add(h.wait)
+	for backoff := firstPoll; ; backoff = min(2*backoff, maxPoll) {
+		pos, err := h.model.Position(ctx)
+		if err != nil || pos >= minPos || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-time.After(backoff):
 		}
 	}
@@ -315,6 +337,13 @@ func (h *homeFeed) ids(ctx context.Context, user domain.UserID, cursor *domain.C
 		before = cursor.ID
 	}
 	page, err := h.cache.Page(ctx, user, before, want, minPos)
+	if err != nil || !page.Materialised || (len(page.Posts) < want && page.Floor != 0) {
+		// Read from the read model: it must have what the reader wrote, as
+		// the feeds have (a follow just made), though it may be behind them.
+		if err := h.awaitModel(ctx, minPos); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case err != nil:
 		h.cacheDown.log(ctx, h.log, slog.LevelError, "home feed cache unavailable; serving from postgres", "user", user, "err", err)

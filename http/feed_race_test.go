@@ -470,6 +470,79 @@ func TestFeedWaitsForTheReadModelToHydrate(t *testing.T) {
 	assert.Equal(t, p.String(), v.Posts[0].ID)
 }
 
+// TestFeedIsUnavailableRatherThanShortWhileTheReadModelLags: a read model
+// behind the feeds for longer than the consistency bound makes a page that
+// would miss a pushed post answer 503, never the page without it.
+func TestFeedIsUnavailableRatherThanShortWhileTheReadModelLags(t *testing.T) {
+	start := make(chan struct{})
+	w := newFeedWorldWith(t, feeds.Config{}, start)
+	defer close(start)
+	const a, b = domain.UserID(1), domain.UserID(2)
+	w.emit(t, follow(a, b))
+	// Posts hydrated from the read model alone: a cache that follows the
+	// log would know the post already.
+	deps := w.deps
+	deps.FeedPosts = nil
+	reg := prometheus.NewRegistry()
+	deps.Registerer, deps.Gatherer = reg, reg
+	srv := NewServer(deps, Config{ConsistencyWait: 200 * time.Millisecond})
+	get := func() *http.Response {
+		req := httptest.NewRequest(http.MethodGet, "/feed", nil)
+		tok, err := w.auth.Mint(a, false, time.Now(), time.Hour)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := srv.App().Test(req, 30_000)
+		require.NoError(t, err)
+		return resp
+	}
+	_ = get().Body.Close() // asks for the inbox
+	require.Eventually(t, func() bool {
+		_, _, _, ok, err := inbox.ReadAll(context.Background(), w.store, a)
+		return err == nil && ok
+	}, 30*time.Second, 5*time.Millisecond)
+	w.post(t, b)
+	require.Eventually(t, func() bool {
+		held, _, _, _, err := inbox.ReadAll(context.Background(), w.store, a)
+		return err == nil && len(held) == 1
+	}, 30*time.Second, 5*time.Millisecond, "the push reached the inbox")
+	resp := get()
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+}
+
+// TestFeedFromTheReadModelWaitsForTheReadersWrites: the feeds are ahead of
+// the read model; a reader who has just followed an author and reads the
+// feed at the follow's position, before its inbox exists, is served from the
+// read model, which must first have applied the follow.
+func TestFeedFromTheReadModelWaitsForTheReadersWrites(t *testing.T) {
+	start := make(chan struct{})
+	w := newFeedWorldWith(t, feeds.Config{}, start)
+	const a, b = domain.UserID(1), domain.UserID(2)
+	p := w.post(t, b)
+	w.emit(t, follow(a, b))
+	head, err := w.log.Head(context.Background())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		pos, err := w.reader.Position(context.Background())
+		return err == nil && pos >= head
+	}, 30*time.Second, 5*time.Millisecond, "the feeds applied the follow")
+	time.AfterFunc(300*time.Millisecond, func() { close(start) })
+	req := httptest.NewRequest(http.MethodGet, "/feed", nil)
+	tok, err := w.auth.Mint(a, false, time.Now(), time.Hour)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set(headerMinPosition, events.Position(head))
+	resp, err := w.srv.App().Test(req, 30_000)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var v feedPageView
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&v))
+	require.Len(t, v.Posts, 1, "the followed author's post is on the page read at the follow's position")
+	assert.Equal(t, p.String(), v.Posts[0].ID)
+}
+
 // TestMaintenanceRepairsCorruptedInboxes corrupts inboxes behind the
 // projector's back — a ghost of a deleted post, a ghost of an author not
 // followed, a missing post, an over-long inbox — and a maintenance pass repairs

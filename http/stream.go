@@ -868,7 +868,8 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 		case ev := <-v.queue:
 			// The events waiting behind it go out with it, in one write.
 			out.hold = len(v.queue) > 0
-			if write(ev) != nil {
+			if err := write(ev); err != nil {
+				s.countSlow(err)
 				return
 			}
 			wrote = true
@@ -890,6 +891,15 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// countSlow counts a stream ended by a write that timed out: a client that
+// takes no write for WriteTimeout has fallen behind as surely as one whose
+// queue is full.
+func (s *Streams) countSlow(err error) {
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		s.metrics.slow.Inc()
 	}
 }
 
@@ -1075,7 +1085,7 @@ func newStreamMetrics(reg prometheus.Registerer) *streamMetrics {
 			Name: "feed_stream_resets_total", Help: "Streams resumed from a position older than the window, answered with a reset.",
 		}),
 		slow: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "feed_stream_slow_disconnects_total", Help: "Streams disconnected for falling behind: more events waiting than the buffer holds.",
+			Name: "feed_stream_slow_disconnects_total", Help: "Streams disconnected for falling behind: more events waiting than the buffer holds, or a write not taken within the write timeout.",
 		}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "feed_stream_refused_total", Help: "Streams refused with 429: the user had as many open as one may.",
