@@ -16,6 +16,7 @@ import (
 
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
+	"github.com/feedproject/feed/projections/feeds/presence"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -24,8 +25,9 @@ type StreamConfig struct {
 	// Window is how far back a stream resumes: a Last-Event-ID whose next
 	// event is older gets a reset. Default 10m.
 	Window time.Duration
-	// PerUser is the most streams one user holds open on this process; the
-	// next is answered 429. Default 5.
+	// PerUser is the most streams one user holds open, on every replica
+	// sharing the presence record (on this process alone without one, or
+	// while it is unreachable); the next is answered 429. Default 5.
 	PerUser int
 	// Buffer is how many events a stream may have waiting to be written; a
 	// client that lets more pile up is disconnected. Default 256.
@@ -81,8 +83,23 @@ type StreamActivity interface {
 // ActivityItem is one item of a user's activity, as GET /activity shows it.
 type ActivityItem struct {
 	User domain.UserID
-	// JSON is the item's body.
+	// JSON is the item's body (nil in the dispatcher's own, whose item the
+	// stream finds as it writes it).
 	JSON []byte
+}
+
+// StreamPresence records open streams where every replica sees them (a
+// *presence.Registry): the per-user limit holds across replicas, and the
+// fan-out serves the users holding one first.
+type StreamPresence interface {
+	// Admit records a new stream of user unless user holds limit already.
+	Admit(ctx context.Context, user domain.UserID, limit int) (s presence.Stream, held int, ok bool, err error)
+	// Renew keeps the entries of open streams from expiring.
+	Renew(ctx context.Context, streams []presence.Stream) error
+	// Release removes a closed stream's entry.
+	Release(ctx context.Context, s presence.Stream) error
+	// Renewal is how often the open streams are renewed.
+	Renewal() time.Duration
 }
 
 // StreamDeps are what the streams need; Log is required.
@@ -94,7 +111,9 @@ type StreamDeps struct {
 	Model HomeFeedModel
 	Posts FeedPosts
 	// Activity, if set, adds activity events.
-	Activity   StreamActivity
+	Activity StreamActivity
+	// Presence, if set, records the open streams for every replica.
+	Presence   StreamPresence
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -116,6 +135,15 @@ type Streams struct {
 	now           func() time.Time
 	metrics       *streamMetrics
 	hydrateFailed *sampledLog
+	presence      StreamPresence
+	presenceLost  *sampledLog
+	// renewing is held by a renewal of the open streams' entries, and by a
+	// release, so that a renewal under way cannot add an entry back after
+	// its release.
+	renewing sync.Mutex
+
+	// authors remembers recent posts' authors, for the reader and replays.
+	authors postAuthors
 
 	catchUps chan struct{} // a slot per resumed stream reading the log
 	ready    chan struct{} // closed once Run knows where it starts
@@ -130,6 +158,8 @@ type Streams struct {
 	byAuthor    map[domain.UserID]map[*viewer]struct{}
 	byUser      map[domain.UserID]map[*viewer]struct{}
 	open        map[domain.UserID]int
+	// held are the entries of this process's streams in the presence record.
+	held map[presence.Stream]struct{}
 }
 
 // NewStreams returns the streams of deps' log; Run feeds them.
@@ -143,10 +173,10 @@ func NewStreams(deps StreamDeps, cfg StreamConfig) *Streams {
 	s := &Streams{
 		log: deps.Log, cfg: cfg.withDefaults(), posts: deps.Posts, activity: deps.Activity,
 		logger: deps.Logger, now: deps.Now, metrics: newStreamMetrics(deps.Registerer),
-		hydrateFailed: newSampledLog(),
-		ready:         make(chan struct{}), done: make(chan struct{}),
+		hydrateFailed: newSampledLog(), presence: deps.Presence, presenceLost: newSampledLog(),
+		ready: make(chan struct{}), done: make(chan struct{}),
 		byAuthor: map[domain.UserID]map[*viewer]struct{}{}, byUser: map[domain.UserID]map[*viewer]struct{}{},
-		open: map[domain.UserID]int{},
+		open: map[domain.UserID]int{}, held: map[presence.Stream]struct{}{},
 	}
 	s.catchUps = make(chan struct{}, s.cfg.CatchUps)
 	if deps.Model != nil {
@@ -163,8 +193,20 @@ var errCaughtUp = errors.New("caught up")
 
 // Run reads the log from its head and dispatches each event to the streams
 // it concerns, until ctx ends. A failed read is retried from the event after
-// the last dispatched.
+// the last dispatched. It also renews the open streams' presence entries.
 func (s *Streams) Run(ctx context.Context) error {
+	if s.presence != nil {
+		renewCtx, stop := context.WithCancel(ctx)
+		var renewals sync.WaitGroup
+		renewals.Go(func() { s.renew(renewCtx) })
+		defer renewals.Wait()
+		defer stop()
+	}
+	return s.read(ctx)
+}
+
+// read is Run's reading of the log.
+func (s *Streams) read(ctx context.Context) error {
 	err := events.RetryUnavailable(ctx, s.logger, "streams: read the log's head", func() error {
 		head, err := s.log.Head(ctx)
 		if err == nil {
@@ -226,8 +268,17 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 	s.mu.Unlock()
 	var items []ActivityItem
 	if s.activity != nil && rec.Event != nil {
+		owner, known, maybe := s.activityOwner(ctx, rec)
 		var err error
-		items, err = s.activity.ActivityItems(ctx, rec, s.joined)
+		switch {
+		case !maybe:
+		case known && s.joined(owner):
+			// Found by the owner's streams as they write it (see
+			// writeActivity), so that no stream waits for another's.
+			items = []ActivityItem{{User: owner}}
+		case !known:
+			items, err = s.activity.ActivityItems(ctx, rec, s.joined)
+		}
 		if err != nil {
 			s.mu.Lock()
 			s.begun = s.last
@@ -257,6 +308,70 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 	}
 	s.last = rec.Seq
 	return nil
+}
+
+// activityOwner is whose activity item rec may make (maybe), if known: a
+// follow makes the followee's, a like or a comment its post's author's.
+// Finding the item means waiting for the activity projection to apply rec,
+// and a query: the one reader of the log must not do that, for every like,
+// for all the streams. An author not known (a post the read model does not
+// have yet) is not.
+func (s *Streams) activityOwner(ctx context.Context, rec events.Record) (owner domain.UserID, known, maybe bool) {
+	var post domain.PostID
+	switch e := rec.Event.(type) {
+	case events.PostCreated:
+		s.authors.add(e.PostID, e.UserID)
+		return 0, false, false
+	case events.UserFollowed:
+		return e.FolloweeID, true, true
+	case events.PostLiked:
+		post = e.PostID
+	case events.CommentAdded:
+		post = e.PostID
+	default:
+		return 0, false, false
+	}
+	author, ok := s.authors.get(post)
+	if !ok && s.posts != nil {
+		if posts, err := s.posts.Posts(ctx, []domain.PostID{post}, 0, 0); err == nil && len(posts) == 1 {
+			author, ok = posts[0].UserID, true
+			s.authors.add(post, author)
+		}
+	}
+	return author, ok, true
+}
+
+// postAuthors remembers the authors of the last posts created, a ring of
+// them, for the likes and comments that mostly follow soon after.
+type postAuthors struct {
+	mu   sync.Mutex
+	by   map[domain.PostID]domain.UserID
+	ring []domain.PostID
+	next int
+}
+
+const rememberedAuthors = 1 << 16
+
+func (a *postAuthors) add(post domain.PostID, author domain.UserID) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.by == nil {
+		a.by, a.ring = make(map[domain.PostID]domain.UserID, rememberedAuthors), make([]domain.PostID, rememberedAuthors)
+	}
+	if _, ok := a.by[post]; ok {
+		return
+	}
+	delete(a.by, a.ring[a.next])
+	a.ring[a.next] = post
+	a.next = (a.next + 1) % len(a.ring)
+	a.by[post] = author
+}
+
+func (a *postAuthors) get(post domain.PostID) (domain.UserID, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	u, ok := a.by[post]
+	return u, ok
 }
 
 // joined reports whether user has a joined stream.
@@ -334,29 +449,121 @@ func (s *Streams) detach(v *viewer) {
 	}
 }
 
-// reserve counts a stream of user, refusing one over the limit.
-func (s *Streams) reserve(user domain.UserID) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return fmt.Errorf("the service is shutting down: %w", domain.ErrUnavailable)
-	}
-	if s.open[user] >= s.cfg.PerUser {
-		s.metrics.refused.Inc()
-		return fmt.Errorf("user %d has %d streams open, the most one user may: %w", user, s.open[user], domain.ErrTooMany)
-	}
-	s.open[user]++
-	s.metrics.open.Inc()
-	return nil
+// slot is an admitted stream: its user and, if the presence record took it,
+// its entry there.
+type slot struct {
+	user  domain.UserID
+	entry *presence.Stream
 }
 
-func (s *Streams) release(user domain.UserID) {
+// reserve admits a stream of user, refusing one over the limit: the limit
+// across replicas, as the presence record counts, or this process's alone
+// without one or while it is unreachable.
+func (s *Streams) reserve(ctx context.Context, user domain.UserID) (slot, error) {
+	if s.isClosed() {
+		return slot{}, errShuttingDown
+	}
+	sl := slot{user: user}
+	if s.presence != nil {
+		entry, held, ok, err := s.presence.Admit(ctx, user, s.cfg.PerUser)
+		switch {
+		case err != nil:
+			s.presenceLost.log(ctx, s.logger, slog.LevelWarn, "stream: presence record unreachable; the stream limit is this process's", "err", err)
+		case !ok:
+			s.metrics.refused.Inc()
+			return slot{}, fmt.Errorf("user %d has %d streams open, the most one user may: %w", user, held, domain.ErrTooMany)
+		default:
+			sl.entry = &entry
+		}
+	}
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		if sl.entry != nil {
+			s.forget(*sl.entry)
+		}
+		return slot{}, errShuttingDown
+	case sl.entry == nil && s.open[user] >= s.cfg.PerUser:
+		n := s.open[user]
+		s.mu.Unlock()
+		s.metrics.refused.Inc()
+		return slot{}, fmt.Errorf("user %d has %d streams open here, the most one user may: %w", user, n, domain.ErrTooMany)
+	}
+	defer s.mu.Unlock()
+	s.open[user]++
+	if sl.entry != nil {
+		s.held[*sl.entry] = struct{}{}
+	}
+	s.metrics.open.Inc()
+	return sl, nil
+}
+
+var errShuttingDown = fmt.Errorf("the service is shutting down: %w", domain.ErrUnavailable)
+
+func (s *Streams) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.open[user]--; s.open[user] <= 0 {
-		delete(s.open, user)
+	return s.closed
+}
+
+// release ends sl's stream, here and in the presence record.
+func (s *Streams) release(sl slot) {
+	s.mu.Lock()
+	if s.open[sl.user]--; s.open[sl.user] <= 0 {
+		delete(s.open, sl.user)
+	}
+	if sl.entry != nil {
+		delete(s.held, *sl.entry)
 	}
 	s.metrics.open.Dec()
+	s.mu.Unlock()
+	if sl.entry != nil {
+		s.forget(*sl.entry)
+	}
+}
+
+// presenceTimeout bounds a renewal or release in the presence record: an
+// entry not released expires anyway.
+const presenceTimeout = 2 * time.Second
+
+// forget removes entry from the presence record, after any renewal under
+// way (which may have read it among the held).
+func (s *Streams) forget(entry presence.Stream) {
+	s.renewing.Lock()
+	defer s.renewing.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), presenceTimeout)
+	defer cancel()
+	if err := s.presence.Release(ctx, entry); err != nil {
+		s.presenceLost.log(ctx, s.logger, slog.LevelWarn, "stream: release in the presence record failed; the entry expires", "err", err)
+	}
+}
+
+// renew keeps this process's entries in the presence record from expiring,
+// until ctx ends.
+func (s *Streams) renew(ctx context.Context) {
+	tick := time.NewTicker(s.presence.Renewal())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		s.renewing.Lock()
+		s.mu.Lock()
+		held := make([]presence.Stream, 0, len(s.held))
+		for e := range s.held {
+			held = append(held, e)
+		}
+		s.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, presenceTimeout)
+		if err := s.presence.Renew(rctx, held); err != nil {
+			s.presenceLost.log(rctx, s.logger, slog.LevelWarn, "stream: renewal in the presence record failed", "streams", len(held), "err", err)
+		}
+		cancel()
+		s.renewing.Unlock()
+	}
 }
 
 // start decides where a stream begins: after the log's head for a new one;
@@ -413,8 +620,9 @@ func (s *Streams) followsAt(ctx context.Context, user domain.UserID, pos uint64)
 	return follows, nil
 }
 
-// join brings v from its position to the dispatcher's, writing the events
-// on the way with write, and attaches it there.
+// join brings v from its position to the dispatcher's, handing the events
+// on the way to write, and attaches it there, once its queue has room for
+// the dispatcher's events.
 func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) error) error {
 	select {
 	case <-s.ready:
@@ -422,6 +630,13 @@ func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) e
 		return ctx.Err()
 	}
 	for {
+		for len(v.queue) > cap(v.queue)/2 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -441,10 +656,15 @@ func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) e
 		}
 		err := s.log.Read(ctx, events.ReadOptions{FromSeq: v.pos + 1, IncludeUnknown: true}, func(rec events.Record) error {
 			var items []ActivityItem
-			if s.activity != nil && rec.Event != nil {
-				var err error
-				if items, err = s.activity.ActivityItems(ctx, rec, func(u domain.UserID) bool { return u == v.user }); err != nil {
-					return err
+			// Only the events whose item may be the viewer's: a wait for the
+			// activity projection and a query for every like kept a replay
+			// from ever reaching the reader.
+			if s.activity != nil {
+				if owner, known, maybe := s.activityOwner(ctx, rec); maybe && (!known || owner == v.user) {
+					var err error
+					if items, err = s.activity.ActivityItems(ctx, rec, func(u domain.UserID) bool { return u == v.user }); err != nil {
+						return err
+					}
 				}
 			}
 			for _, ev := range v.events(rec, items) {
@@ -453,20 +673,39 @@ func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) e
 				}
 			}
 			v.pos = rec.Seq
-			if rec.Seq >= target {
-				return errCaughtUp
+			// Joined as soon as it can be: a replay that stopped at where
+			// the reader was when it began, and began again, chased a
+			// reader that had moved on meanwhile.
+			if rec.Seq >= target && s.attachAt(v) {
+				return errJoined
 			}
 			return nil
 		})
 		<-s.catchUps
 		switch {
-		case errors.Is(err, errCaughtUp):
+		case errors.Is(err, errJoined):
+			return nil
 		case err != nil:
 			return err
 		default:
 			return ctx.Err()
 		}
 	}
+}
+
+// errJoined ends a replay that joined the reader.
+var errJoined = errors.New("joined")
+
+// attachAt attaches v if it has reached the dispatcher's event and its queue
+// has room for the dispatcher's events.
+func (s *Streams) attachAt(v *viewer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || v.pos < s.begun || len(v.queue) > cap(v.queue)/2 {
+		return false
+	}
+	s.attach(v)
+	return true
 }
 
 var errStreamsClosed = errors.New("streams closed")
@@ -528,14 +767,15 @@ func (s *Streams) handle(c *fiber.Ctx) error {
 		}
 		resume = &r
 	}
-	if err := s.reserve(p.UserID); err != nil {
+	ctx, cancel := queryContext(c)
+	defer cancel()
+	sl, err := s.reserve(ctx, p.UserID)
+	if err != nil {
 		return err
 	}
-	ctx, cancel := queryContext(c)
 	from, reset, err := s.start(ctx, resume)
-	cancel()
 	if err != nil {
-		s.release(p.UserID)
+		s.release(sl)
 		return err
 	}
 	switch {
@@ -554,7 +794,7 @@ func (s *Streams) handle(c *fiber.Ctx) error {
 	conn := c.Context().Conn()
 	user := p.UserID
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer s.release(user)
+		defer s.release(sl)
 		s.serve(user, from, reset, &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout})
 	})
 	return nil
@@ -590,14 +830,24 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 	v := &viewer{user: user, pos: from, follows: follows,
 		queue: make(chan streamEvent, s.cfg.Buffer), slow: make(chan struct{}), hangUp: out.hangUp}
 	write := func(ev streamEvent) error { return s.write(ctx, out, user, ev) }
-	if err := s.join(ctx, v, write); err != nil {
-		s.countSlow(err)
-		if ctx.Err() == nil && !errors.Is(err, errStreamsClosed) {
-			s.logger.Warn("stream: replay failed; the client resumes", "user", user, "err", err)
+	// The replay queues its events as the reader will, while they are
+	// written: it reads the log as fast as the log goes, where one that
+	// wrote each (a post waits for the read model) stayed behind the reader
+	// under load, never to join it.
+	enqueue := func(ev streamEvent) error {
+		select {
+		case v.queue <- ev:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		return
 	}
+	joined := make(chan error, 1)
+	var joining sync.WaitGroup
+	joining.Go(func() { joined <- s.join(ctx, v, enqueue) })
 	defer func() {
+		cancel()
+		joining.Wait()
 		s.mu.Lock()
 		s.detach(v)
 		s.mu.Unlock()
@@ -607,7 +857,17 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 	wrote := false
 	for {
 		select {
+		case err := <-joined:
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, errStreamsClosed) {
+					s.logger.Warn("stream: replay failed; the client resumes", "user", user, "err", err)
+				}
+				return
+			}
+			joined = nil
 		case ev := <-v.queue:
+			// The events waiting behind it go out with it, in one write.
+			out.hold = len(v.queue) > 0
 			if err := write(ev); err != nil {
 				s.countSlow(err)
 				return
@@ -654,6 +914,9 @@ func (s *Streams) write(ctx context.Context, out *sseWriter, viewer domain.UserI
 	case kindFollow, kindUnfollow:
 		data = append(appendString([]byte(`{"user_id":`), ev.user.String()), '}')
 	case kindActivity:
+		if ev.pending != nil {
+			return s.writeActivity(ctx, out, viewer, ev)
+		}
 		data = ev.activity
 	}
 	if err := out.event(ev.seq, ev.kind, data); err != nil {
@@ -662,6 +925,25 @@ func (s *Streams) write(ctx context.Context, out *sseWriter, viewer domain.UserI
 	s.metrics.sent.WithLabelValues(ev.kind).Inc()
 	if ev.kind == kindPost && ev.live {
 		s.metrics.delay.Observe(s.now().Sub(ev.occurred).Seconds())
+	}
+	return nil
+}
+
+// writeActivity writes the viewer's activity item of the event the
+// dispatcher found may make one, if it does.
+func (s *Streams) writeActivity(ctx context.Context, out *sseWriter, viewer domain.UserID, ev streamEvent) error {
+	items, err := s.activity.ActivityItems(ctx, *ev.pending, func(u domain.UserID) bool { return u == viewer })
+	if err != nil {
+		return err
+	}
+	for _, it := range items {
+		if it.User != viewer {
+			continue
+		}
+		if err := out.event(ev.seq, kindActivity, it.JSON); err != nil {
+			return err
+		}
+		s.metrics.sent.WithLabelValues(kindActivity).Inc()
 	}
 	return nil
 }
@@ -715,7 +997,13 @@ type sseWriter struct {
 	timeout time.Duration
 	// lastID is the last id written.
 	lastID uint64
+	// hold keeps an event in the buffer (up to holdBytes), for the next
+	// one's write: it is not the last of those waiting.
+	hold bool
 }
+
+// holdBytes bounds the events held for one write.
+const holdBytes = 16 << 10
 
 // watch calls gone when the client closes the connection (or sends
 // anything: a stream's connection carries no other request), so that a
@@ -770,6 +1058,9 @@ func (o *sseWriter) event(id uint64, kind string, data []byte) error {
 	}
 	_ = o.w.WriteByte('\n')
 	o.lastID = id
+	if o.hold && o.w.Buffered() < holdBytes {
+		return nil
+	}
 	return o.flush()
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/feedproject/feed/cmd/localstack/localstacktest"
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/projections/activity"
@@ -123,4 +124,79 @@ func TestStreamAnnouncesActivity(t *testing.T) {
 	}
 	assert.Greater(t, total, 50, "the run made enough items to mean something")
 	t.Logf("%d items announced and still held at the end, over %d viewers", total, len(viewers))
+}
+
+// likesSeen counts the likes the streams asked the activity about.
+type likesSeen struct {
+	mu    sync.Mutex
+	posts []domain.PostID
+}
+
+func (l *likesSeen) ActivityItems(_ context.Context, rec events.Record, _ func(domain.UserID) bool) ([]ActivityItem, error) {
+	if e, ok := rec.Event.(events.PostLiked); ok {
+		l.mu.Lock()
+		l.posts = append(l.posts, e.PostID)
+		l.mu.Unlock()
+	}
+	return nil, nil
+}
+
+// TestStreamsAskTheActivityOnlyOfConnectedAuthorsLikes: the activity (a
+// wait for its projection and a query) is asked about a like only when the
+// liked post's author may be connected: by the author's stream as it writes
+// it, or by the reader of the log for a post whose author it does not know.
+func TestStreamsAskTheActivityOnlyOfConnectedAuthorsLikes(t *testing.T) {
+	r := &streamRig{log: openTestLog(t, localstacktest.NATSForTest(t).ClientURL())}
+	var err error
+	r.auth, err = NewAuthenticator(testSecret, nil)
+	require.NoError(t, err)
+	r.ids, err = domain.NewIDGenerator(3)
+	require.NoError(t, err)
+	seen := &likesSeen{}
+	reg := prometheus.NewRegistry()
+	quiet := slog.New(slog.DiscardHandler)
+	r.streams = NewStreams(StreamDeps{Log: r.log, Activity: seen, Registerer: reg, Logger: quiet}, StreamConfig{Ping: 20 * time.Millisecond})
+	r.addr = runStreams(t, NewServer(Deps{Logger: quiet, Registerer: reg, Gatherer: reg, Log: r.log, Auth: r.auth, IDs: r.ids, Streams: r.streams}, Config{}), r.streams)
+
+	connected, other := domain.UserID(2), domain.UserID(1)
+	c := openStream(t, r.addr, r.token(t, connected), "", false)
+	c.next(t, 5*time.Second) // the first ping: the stream is there
+	require.Eventually(t, func() bool { return r.streams.joined(connected) }, 5*time.Second, 5*time.Millisecond)
+	before, err := r.log.Head(context.Background())
+	require.NoError(t, err)
+	theirs, _ := r.newPost(t, other, "not connected")
+	mine, _ := r.newPost(t, connected, "connected")
+	unknown := domain.PostID(12345)
+	for _, p := range []domain.PostID{theirs, mine, unknown} {
+		r.append(t, time.Now(), events.PostLiked{PostID: p, UserID: 3})
+	}
+	head, err := r.log.Head(context.Background())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		r.streams.mu.Lock()
+		defer r.streams.mu.Unlock()
+		return r.streams.last >= head
+	}, 5*time.Second, 5*time.Millisecond)
+	// The connected author's stream asks as it writes.
+	require.Eventually(t, func() bool {
+		seen.mu.Lock()
+		defer seen.mu.Unlock()
+		return len(seen.posts) >= 2
+	}, 5*time.Second, 5*time.Millisecond)
+	seen.mu.Lock()
+	assert.ElementsMatch(t, []domain.PostID{mine, unknown}, seen.posts)
+	seen.posts = nil
+	seen.mu.Unlock()
+
+	// A stream resumed from before the likes replays them, and asks the same.
+	resumed := openStream(t, r.addr, r.token(t, connected), events.Position(before), false)
+	for {
+		m := resumed.next(t, 5*time.Second)
+		if pos, _ := strconv.ParseUint(m.id, 10, 64); pos >= head {
+			break
+		}
+	}
+	seen.mu.Lock()
+	defer seen.mu.Unlock()
+	assert.ElementsMatch(t, []domain.PostID{mine, unknown}, seen.posts, "the replay's")
 }

@@ -29,6 +29,9 @@ type streamEvent struct {
 	// user is the account followed or unfollowed.
 	user     domain.UserID
 	activity []byte
+	// pending, for an activity event without its item, is the event that
+	// may make it: the item is found as the event is written.
+	pending *events.Record
 	// live is true for an event the dispatcher queued, false for one replayed.
 	live bool
 }
@@ -76,7 +79,11 @@ func (v *viewer) events(rec events.Record, items []ActivityItem) []streamEvent {
 	}
 	for _, it := range items {
 		if it.User == v.user {
-			out = append(out, streamEvent{seq: rec.Seq, kind: kindActivity, activity: it.JSON})
+			ev := streamEvent{seq: rec.Seq, kind: kindActivity, activity: it.JSON}
+			if it.JSON == nil {
+				ev.pending = &rec
+			}
+			out = append(out, ev)
 		}
 	}
 	return out

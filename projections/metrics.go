@@ -16,6 +16,7 @@ type Metrics struct {
 	eventsC     *prometheus.CounterVec
 	batchTime   *prometheus.HistogramVec
 	delay       *prometheus.HistogramVec
+	fresh       *prometheus.HistogramVec
 	failures    *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
 	merged      *prometheus.CounterVec
@@ -51,6 +52,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			// to tell 250 ms from 350 ms.
 			Buckets: prometheus.ExponentialBucketsRange(0.001, 64, 33),
 		}, []string{"projector"}),
+		fresh: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "feed_inbox_freshness_seconds",
+			Help: "Time from an event's occurred_at (its command accepted) to its work written to the inboxes by the feeds' appliers, per work message, from the oldest event it carries work of: for online recipients (holding a live stream, served first) and offline ones.",
+			// As the delay's.
+			Buckets: prometheus.ExponentialBucketsRange(0.001, 64, 33),
+		}, []string{"recipients"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "feed_projector_failures_total",
 			Help: "Failed batches (each rewinds to the checkpoint), by cause: event or store.",
@@ -77,7 +84,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Sequences a projector passed over because the stream itself reports them gone (below its first sequence, or deleted); zero while the stream denies deletes and keeps every event.",
 		}, []string{"projector"}),
 	}
-	reg.MustRegister(m.positionG, m.lagG, m.eventsC, m.batchTime, m.delay, m.failures, m.deadLetters, m.merged, m.stages, m.rewinds, m.gaps)
+	reg.MustRegister(m.positionG, m.lagG, m.eventsC, m.batchTime, m.delay, m.fresh, m.failures, m.deadLetters, m.merged, m.stages, m.rewinds, m.gaps)
 	return m
 }
 
@@ -122,6 +129,19 @@ func (m *Metrics) Delayed(p string, at time.Time) {
 	if m != nil && !at.IsZero() {
 		m.delay.WithLabelValues(p).Observe(time.Since(at).Seconds())
 	}
+}
+
+// Fresh records that the feeds' appliers wrote, now, to the inboxes of
+// online (or offline) recipients the work of an event that occurred at.
+func (m *Metrics) Fresh(online bool, at time.Time) {
+	if m == nil || at.IsZero() {
+		return
+	}
+	label := "offline"
+	if online {
+		label = "online"
+	}
+	m.fresh.WithLabelValues(label).Observe(time.Since(at).Seconds())
 }
 
 // Staged records the time, took, a batch of p spent in stage.

@@ -35,6 +35,7 @@ import (
 	"github.com/feedproject/feed/projections/feeds/fanout"
 	"github.com/feedproject/feed/projections/feeds/homefeed"
 	"github.com/feedproject/feed/projections/feeds/inbox"
+	"github.com/feedproject/feed/projections/feeds/presence"
 	"github.com/feedproject/feed/projections/feeds/repair"
 	"github.com/feedproject/feed/projections/lease"
 	"github.com/feedproject/feed/projections/readmodel"
@@ -441,6 +442,9 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	}
 	if slices.Contains(cfg.Roles, stack.RolePlanner) {
 		maintenance := repair.NewMaintenance(in.redis, feedStore, planner, repair.MaintenanceConfig{Batch: cfg.MaintenanceRate}, logger)
+		// Viewers with a live stream get their inboxes' work first.
+		online := presence.New(in.redis, presence.Config{}).Watch(0)
+		planner.ServeFirst(online)
 		roles = append(roles, projectorRole{
 			name:   stack.RolePlanner,
 			runner: projections.NewRunner(in.log, planner, projections.RunnerConfig{}, projMetrics, logger),
@@ -451,6 +455,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 			beside: []func(context.Context) error{
 				func(ctx context.Context) error { return materialiseLoop(ctx, planner, logger) },
 				maintenance.Run,
+				online.Run,
 			},
 		})
 	}
@@ -545,6 +550,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 		deps.Streams = feedhttp.NewStreams(feedhttp.StreamDeps{
 			Log: in.log, Model: readStore, Posts: deps.FeedPosts, Registerer: reg, Logger: logger,
 			Activity: feedhttp.NewStreamActivity(activityStore, cfg.ConsistencyWait, logger),
+			Presence: presence.New(in.redis, presence.Config{}),
 		}, feedhttp.StreamConfig{Window: cfg.ResumeWindow})
 	}
 	srv := feedhttp.NewServer(deps, feedhttp.Config{

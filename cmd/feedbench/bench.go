@@ -83,6 +83,7 @@ func parseBench(args []string, stderr io.Writer) (loadbench.Config, benchOptions
 	fs.DurationVar(&cfg.SetupTimeout, "setup-timeout", cfg.SetupTimeout, "longest wait for the projectors during setup")
 	fs.Float64Var(&cfg.FreshRate, "fresh-rate", cfg.FreshRate, "posts per second, of ordinary and of big authors each, whose freshness is measured")
 	fs.IntVar(&cfg.FreshFollowers, "fresh-followers", cfg.FreshFollowers, "followers polled per sampled post")
+	fs.IntVar(&cfg.Viewers, "viewers", cfg.Viewers, "users holding a GET /stream open through the mixed phase, whose announcements are timed (0: none)")
 	fs.IntVar(&cfg.SetupConcurrency, "setup-concurrency", cfg.SetupConcurrency, "requests in flight while building the graph")
 	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", cfg.MaxInFlight, "most open-loop requests outstanding (more are dropped and counted)")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the graph and the workload's choices")

@@ -85,7 +85,7 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 		"--post-rate", "40", "--follow-rate", "10", "--like-rate", "20", "--comment-rate", "10",
 		"--read-rate", "40", "--cached-read-rate", "100", "--fresh-rate", "20",
 		"--warmup", "300ms", "--duration", "2s", "--read-duration", "700ms", "--raw-duration", "200ms",
-		"--setup-concurrency", "64", "--out", out,
+		"--setup-concurrency", "64", "--viewers", "20", "--out", out,
 	}, flags...), env, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 
@@ -105,6 +105,13 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 		assert.Positive(t, f.Samples, "freshness samples of %s authors", f.Authors)
 		assert.Positive(t, f.P50, "freshness p50 of %s authors", f.Authors)
 		assert.GreaterOrEqual(t, f.P99, f.P50)
+	}
+	for _, a := range s.Announce {
+		assert.Positive(t, a.Samples, "announcements of %s authors' posts to the viewers' streams", a.Authors)
+		assert.GreaterOrEqual(t, a.P99, a.P50)
+	}
+	for _, f := range s.Inboxes {
+		assert.True(t, strings.HasPrefix(f.P99, "≤ "), "the service's inbox freshness for %s recipients: %q", f.Recipients, f.P99)
 	}
 	for _, f := range s.Feed {
 		assert.Positive(t, f.Rate, "feed reads in the %s phase", f.Phase)
@@ -150,7 +157,7 @@ func benchReport(t *testing.T, childNATS bool, flags ...string) (out, stderrText
 	report, err := os.ReadFile(filepath.Join(out, "report.md"))
 	require.NoError(t, err)
 	for _, section := range []string{"## Raw limits", "## Commands", "## Feed freshness", "## `GET /feed`",
-		"## Projectors", "Where a planner batch's time went", "## Resources", "## Cost per unit of work", "## The service against the raw limits", "## Targets"} {
+		"## Projectors", "Where a planner batch's time went", "## Resources", "## Cost per unit of work", "## The service against the raw limits", "## Targets", "## Live streams"} {
 		assert.Contains(t, string(report), section)
 	}
 	assert.Contains(t, stdout.String(), "## Targets", "the report is printed too")

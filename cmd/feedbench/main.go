@@ -38,7 +38,7 @@ const usage = `feedbench — end-to-end load benchmark of the feed service over 
 Usage:
   feedbench [--url http://127.0.0.1:PORT] [--feed PATH] [--users 1000] [--followers 100]
             [--big 5] [--big-threshold 500] [--post-rate 500] [--read-rate 500]
-            [--cached-read-rate 5000] [--warmup 10s] [--duration 60s]
+            [--cached-read-rate 5000] [--viewers 100] [--warmup 10s] [--duration 60s]
             [--read-duration 20s] [--out bench-out] [--seed 1] [--keep]
             [--cpuprofile] [--trace 5s]
 

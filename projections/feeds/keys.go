@@ -31,6 +31,8 @@ import (
 //	<p>planner:pos         string  fanout.Planner      the planner's log position
 //	<p>planner:epoch{<p>planner:pos}  string  fanout.Planner  the lease epoch that last moved it (in its slot)
 //	rq:{inboxes}:*         3 keys  repair.Maintenance  the round of inboxes to reconcile (roundqueue)
+//	stream:{<uid>}         zset    presence.Registry   the user's open live streams, by expiry
+//	stream:online          zset    presence.Registry   users with an open live stream, by expiry
 //
 // The inbox meta holds "f" scored -(floor+1): the inbox is exactly the feed's
 // posts with id >= floor; "s" scored 2seq-2^54: a log sequence, at least that
@@ -60,7 +62,18 @@ const (
 	RebuildKey = "feed:rebuild"
 	// RebuildLockKey is held by the running rebuild.
 	RebuildLockKey = "feed:rebuild:lock"
+	// OnlineKey holds the users with an open live stream, each scored by
+	// when its entry expires (Unix milliseconds).
+	OnlineKey = "stream:online"
 )
+
+// StreamsKey is the key of user's open live streams, each scored by when its
+// entry expires (Unix milliseconds): outside every keyspace version, since a
+// rebuild has nothing to rebuild there, and tagged with the user as the
+// user's feed keys are.
+func StreamsKey(u domain.UserID) string {
+	return "stream:{" + strconv.FormatInt(int64(u), 10) + "}"
+}
 
 // Key names below a keyspace version's prefix.
 const (

@@ -26,6 +26,10 @@ const fromHeader = "Feed-From-Seq"
 // work it carries occurred (Unix milliseconds), for the delay metric.
 const occurredHeader = "Feed-Occurred"
 
+// onlineHeader marks a fan-out message whose work is for online recipients
+// (holding a live stream), published ahead of the others' (see Online).
+const onlineHeader = "Feed-Online"
+
 // AppliersName names the appliers in metrics and checks.
 const AppliersName = "feeds-appliers"
 
@@ -276,6 +280,7 @@ func (a *Applier) consume(ctx context.Context, part int) error {
 		a.applied.Add(int64(n))
 		if ms, err := strconv.ParseInt(msg.Headers().Get(occurredHeader), 10, 64); err == nil {
 			a.metrics.Delayed(AppliersName, time.UnixMilli(ms))
+			a.metrics.Fresh(msg.Headers().Get(onlineHeader) != "", time.UnixMilli(ms))
 		}
 		// Acknowledged without waiting for the server's answer: the order
 		// holds without it (see above), and an acknowledgement lost on the

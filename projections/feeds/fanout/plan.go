@@ -52,6 +52,8 @@ type work struct {
 	// occurred is when the oldest event the work comes from occurred (zero:
 	// not known), for the appliers' delay metric.
 	occurred time.Time
+	// online are the recipients whose work is published first.
+	online map[domain.UserID]struct{}
 }
 
 func (p *Planner) newWork() *work { return &work{parts: make([][]inbox.Item, p.cfg.Partitions)} }

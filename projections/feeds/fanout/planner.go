@@ -123,9 +123,25 @@ type Planner struct {
 	// stall is how long the planner waits for appliers that apply nothing
 	// (default appliersStall).
 	stall time.Duration
+	// online, if set, tells which recipients' work goes first.
+	online Online
 	// epoch is the lease's under which it moves its position (see Fence).
 	epoch atomic.Uint64
 }
+
+// Online tells the planner the recipients that are online (holding a live
+// stream, whose announcements they may follow with a read of the feed). Their
+// work is published ahead of the others' in each partition, in messages of
+// its own, which the partition's applier therefore applies first; each
+// recipient's work keeps its order, since all of a batch's goes one way.
+type Online interface {
+	// Online returns the online users, nil if none; the planner only reads
+	// it. It is called once a batch, so it must not wait on a round trip.
+	Online() map[domain.UserID]struct{}
+}
+
+// ServeFirst makes the planner publish the work of online's users first.
+func (p *Planner) ServeFirst(online Online) { p.online = online }
 
 // OnMaterialise makes the planner tell f of the users whose inboxes it
 // materialises.
@@ -396,6 +412,9 @@ func (p *Planner) apply(ctx context.Context, batch []events.Record, lap func(str
 		return err
 	}
 	w.occurred = oldestOccurrence(fresh)
+	if p.online != nil {
+		w.online = p.online.Online()
+	}
 	lap("plan")
 	if err := p.publish(ctx, w, fresh[0].Seq, fresh[len(fresh)-1].Seq); err != nil {
 		return err

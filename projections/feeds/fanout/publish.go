@@ -16,7 +16,8 @@ import (
 )
 
 // publish sends the work, chunked, to each partition's subject and waits for
-// the log to store it.
+// the log to store it. Online recipients' work goes first, in messages of its
+// own (see Online).
 func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) error {
 	if w.n == 0 {
 		return nil
@@ -25,14 +26,7 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 	// The body's share of the server's largest payload: headers take a few
 	// dozen bytes.
 	limit := int(p.js.Conn().MaxPayload()) - 1024
-	var groups recipientGroups
-	for part, items := range w.parts {
-		// Each recipient's items together, in their order: a message then
-		// holds long runs of one recipient's pushes, which an applier puts
-		// into the inbox at once (see apply.lua), and which the body encodes
-		// with the recipient once (see encodeWork), rather than a post's
-		// followers one after another.
-		items = groups.arrange(items)
+	send := func(part int, items []inbox.Item, online bool) error {
 		for len(items) > 0 {
 			n := min(len(items), p.cfg.ItemsPerMessage)
 			data, err := encodeWork(items[:n])
@@ -61,6 +55,9 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 			if !w.occurred.IsZero() {
 				msg.Header.Set(occurredHeader, strconv.FormatInt(w.occurred.UnixMilli(), 10))
 			}
+			if online {
+				msg.Header.Set(onlineHeader, "1")
+			}
 			ack, err := p.js.PublishMsgAsync(msg)
 			if err != nil {
 				return fmt.Errorf("publish work: %w", err)
@@ -73,6 +70,23 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 				acks = acks[:0]
 			}
 			items = items[n:]
+		}
+		return nil
+	}
+	var groups recipientGroups
+	for part, items := range w.parts {
+		// Each recipient's items together, in their order: a message then
+		// holds long runs of one recipient's pushes, which an applier puts
+		// into the inbox at once (see apply.lua), and which the body encodes
+		// with the recipient once (see encodeWork), rather than a post's
+		// followers one after another.
+		items = groups.arrange(items)
+		online, rest := groups.online(items, w.online)
+		if err := send(part, online, true); err != nil {
+			return err
+		}
+		if err := send(part, rest, false); err != nil {
+			return err
 		}
 	}
 	return awaitAcks(ctx, acks)
@@ -122,6 +136,10 @@ type recipientGroups struct {
 	group []int
 	next  []int
 	out   []inbox.Item
+	// first holds the online recipients' items; last is the recipient
+	// looked up last.
+	first []inbox.Item
+	last  domain.UserID
 }
 
 // arrange returns items grouped by recipient: items itself if they already
@@ -162,4 +180,29 @@ func (g *recipientGroups) arrange(items []inbox.Item) []inbox.Item {
 		g.next[k]++
 	}
 	return g.out
+}
+
+// online splits items, grouped by recipient, into those of the recipients in
+// users and the others, each in their order: the first in a buffer of g's
+// valid until its next call, the others where items were. A recipient's items
+// all go one way, so its work keeps its order.
+func (g *recipientGroups) online(items []inbox.Item, users map[domain.UserID]struct{}) (first, rest []inbox.Item) {
+	if len(users) == 0 {
+		return nil, items
+	}
+	g.first = g.first[:0]
+	rest = items[:0]
+	on := false
+	for i, it := range items {
+		if i == 0 || it.Recipient != g.last {
+			_, on = users[it.Recipient]
+			g.last = it.Recipient
+		}
+		if on {
+			g.first = append(g.first, it)
+		} else {
+			rest = append(rest, it)
+		}
+	}
+	return g.first, rest
 }

@@ -104,6 +104,29 @@ func (r *Report) mdFreshness(b *strings.Builder, s Summary) {
 		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s |\n", f.Authors, f.Samples, f.Missed, fmtDuration(f.P50), fmtDuration(f.P99), fmtDuration(f.Max))
 	}
 	fmt.Fprintf(b, "\nThe poller read %.0f pages/s (its `GET /feed`s, on top of the workload's).\n\n", r.PollRate())
+	r.mdStreams(b, s)
+}
+
+func (r *Report) mdStreams(b *strings.Builder, s Summary) {
+	st := r.Streams
+	if st.Viewers == 0 {
+		return
+	}
+	fmt.Fprintf(b, "## Live streams (mixed phase)\n\n")
+	secs := (r.Config.Warmup + r.Config.Duration).Seconds()
+	fmt.Fprintf(b, "%d users held a `GET /stream` open through the warm-up and the mixed phase; they read %d post events "+
+		"(%.0f/s), and %d streams ended and were resumed. Announcement: from a post's `202` to its event read from a follower's stream.\n\n",
+		st.Viewers, st.Events, float64(st.Events)/secs, st.Reconnects)
+	fmt.Fprintf(b, "| authors | announcements | p50 | p99 | max |\n|---|---:|---:|---:|---:|\n")
+	for _, a := range s.Announce {
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s |\n", a.Authors, a.Samples, fmtDuration(a.P50), fmtDuration(a.P99), fmtDuration(a.Max))
+	}
+	fmt.Fprintf(b, "\nInbox writes, from the service's `feed_inbox_freshness_seconds` (an event's time to its work applied, "+
+		"per work message; online recipients' work is published first):\n\n| recipients | p50 bucket | p99 bucket |\n|---|---:|---:|\n")
+	for _, f := range s.Inboxes {
+		fmt.Fprintf(b, "| %s | %s | %s |\n", f.Recipients, f.P50, f.P99)
+	}
+	fmt.Fprintln(b)
 }
 
 func mdFeed(b *strings.Builder, s Summary) {

@@ -199,8 +199,26 @@ func (r *runner) materialise(ctx context.Context) error {
 // metricPages is the service's counter of home feed pages by source.
 const metricPages = "feed_home_pages_total"
 
-// mixed runs the warm-up and then the measured mixed phase, back to back.
+// mixed runs the warm-up and then the measured mixed phase, back to back,
+// with the viewers' streams open throughout.
 func (r *runner) mixed(ctx context.Context, rng *rand.Rand) error {
+	if r.cfg.Viewers > 0 {
+		vctx, stop := context.WithCancel(ctx)
+		opened := time.Now()
+		v, err := r.openViewers(vctx, rand.New(rand.NewPCG(r.cfg.Seed, 0x57ea)), r.cfg.Viewers)
+		if err != nil {
+			stop()
+			v.close()
+			return fmt.Errorf("mixed: open the viewers' streams: %w", err)
+		}
+		r.logf("mixed: %d viewers' streams open in %s", r.cfg.Viewers, time.Since(opened).Round(time.Millisecond))
+		r.viewers = v
+		defer func() {
+			stop()
+			v.close()
+			r.report.Streams = StreamsReport{Viewers: r.cfg.Viewers, Events: v.events.Load(), Reconnects: v.reconnects.Load()}
+		}()
+	}
 	start := time.Now().Add(100 * time.Millisecond)
 	warm := newPhase("warm-up", start, start.Add(r.cfg.Warmup))
 	measured := newPhase("mixed", warm.end, warm.end.Add(r.cfg.Duration))

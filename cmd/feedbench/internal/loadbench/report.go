@@ -30,6 +30,8 @@ type Report struct {
 	Drain         time.Duration
 	DrainPosition uint64
 	DrainError    string
+	// Streams is what the viewers' streams read (none without viewers).
+	Streams StreamsReport
 	// The stores' sizes before the graph is built, once every inbox is
 	// materialised (the mixed phase's start), and once the mixed phase is
 	// drained.
@@ -55,6 +57,14 @@ type ScaleSummary struct {
 	RedisPerUser, PostgresPerEvent float64
 }
 
+// StreamsReport is the viewers' streams over the warm-up and the mixed phase.
+type StreamsReport struct {
+	Viewers int
+	// Events is the post events read; Reconnects the streams that ended and
+	// were opened again where they left off.
+	Events, Reconnects int64
+}
+
 // SetupReport is the graph's creation and the inboxes' materialisation.
 type SetupReport struct {
 	Follows, FollowErrors       int
@@ -69,6 +79,14 @@ type Summary struct {
 	CommandRate float64
 	// Fresh is the freshness of ordinary authors' posts, then big authors'.
 	Fresh [2]FreshSummary
+	// Announce is the time from a post's 202 to its event on a viewer's
+	// stream, ordinary authors' then big authors' (no samples without
+	// viewers).
+	Announce [2]FreshSummary
+	// Inboxes is the buckets of the service's feed_inbox_freshness_seconds
+	// holding its p50 and p99 over the mixed phase, for online recipients
+	// then offline ones.
+	Inboxes [2]InboxFreshness
 	// Feed is GET /feed in the mixed phase, then in the read phase.
 	Feed [2]FeedSummary
 	Raw  RawLimits
@@ -106,6 +124,13 @@ type FreshSummary struct {
 	Samples       int
 	Missed        int // polls that gave up after FreshTimeout
 	P50, P99, Max time.Duration
+}
+
+// InboxFreshness is the service's time from an event to its work written to
+// the inboxes of online (holding a live stream) or offline recipients.
+type InboxFreshness struct {
+	Recipients string
+	P50, P99   string
 }
 
 // PollRate is the freshness poller's reads a second in the mixed phase (of
@@ -234,6 +259,20 @@ func (r *Report) Summary() Summary {
 			f.Max = sorted[len(sorted)-1]
 		}
 		s.Fresh[i] = f
+	}
+	for i, big := range []bool{false, true} {
+		sorted, _ := r.Mixed.announce.sorted(big)
+		a := FreshSummary{Authors: s.Fresh[i].Authors, Samples: len(sorted), P50: Percentile(sorted, 0.5), P99: Percentile(sorted, 0.99)}
+		if len(sorted) > 0 {
+			a.Max = sorted[len(sorted)-1]
+		}
+		s.Announce[i] = a
+	}
+	for i, rec := range []string{"online", "offline"} {
+		q := func(q float64) string {
+			return quantileBucket(r.Mixed.before, r.Mixed.after, q, "none", "feed_inbox_freshness_seconds", "recipients", rec)
+		}
+		s.Inboxes[i] = InboxFreshness{Recipients: rec, P50: q(0.5), P99: q(0.99)}
 	}
 	s.Feed[0] = feedSummary(r.Mixed, r.Config.ReadRate, r.Config.Duration, kindFeed, kindFeedNext)
 	s.Feed[1] = feedSummary(r.Reads, r.Config.CachedReadRate, r.Config.ReadDuration, kindFeed)
@@ -654,6 +693,16 @@ func (r *Report) targets(s Summary) []TargetCheck {
 			Met:      s.Errors == 0 && s.Dropped == 0,
 		},
 		r.recovered(s),
+	}
+	if c.Viewers > 0 {
+		announce := func(a FreshSummary, limit time.Duration) TargetCheck {
+			return TargetCheck{
+				Target:   fmt.Sprintf("announcement p99 ≤ %s, %s authors, to %d open streams", fmtDuration(limit), strings.Fields(a.Authors)[0], c.Viewers),
+				Measured: fmt.Sprintf("p99 %s over %d announcements", fmtDuration(a.P99), a.Samples),
+				Met:      a.Samples > 0 && a.P99 <= limit,
+			}
+		}
+		out = append(out, announce(s.Announce[0], 100*time.Millisecond), announce(s.Announce[1], 250*time.Millisecond))
 	}
 	live, rss := s.resource(resourceHeapLive), s.resource(resourceRSS)
 	flat := func(rs ResourceSummary) bool { return rs.Start > 0 && float64(rs.End) <= 1.2*float64(rs.Start) }

@@ -48,6 +48,10 @@ type Config struct {
 	FreshFollowers int
 	FreshTimeout   time.Duration
 
+	// Viewers is how many users hold a GET /stream open through the mixed
+	// phase (its warm-up included), whose announcements of posts are timed.
+	Viewers int
+
 	// SetupConcurrency is the number of requests in flight while building the
 	// graph and materialising; MaxInFlight bounds the open-loop requests
 	// outstanding at once (an arrival beyond it is counted as dropped).
@@ -68,7 +72,7 @@ func DefaultConfig() Config {
 		BigPostShare: 0.02, NextPageShare: 0.3, CachedReadRate: 5000,
 		Warmup: 10 * time.Second, Duration: 60 * time.Second, ReadDuration: 20 * time.Second,
 		RawDuration: 3 * time.Second, SetupTimeout: 5 * time.Minute, DrainTimeout: time.Minute,
-		FreshRate: 10, FreshFollowers: 1, FreshTimeout: 10 * time.Second,
+		FreshRate: 10, FreshFollowers: 1, FreshTimeout: 10 * time.Second, Viewers: 100,
 		SetupConcurrency: 512, MaxInFlight: 4096, ImageSide: 24, Seed: 1,
 	}
 }
@@ -94,6 +98,7 @@ func (c Config) Validate() error {
 	}
 	for name, v := range map[string]float64{
 		"follow rate": c.FollowRate, "like rate": c.LikeRate, "comment rate": c.CommentRate, "warm-up": c.Warmup.Seconds(),
+		"viewers": float64(c.Viewers),
 	} {
 		if v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, not %v", name, v))

@@ -82,6 +82,9 @@ type phase struct {
 	reads, slowReads []atomic.Int64
 
 	fresh freshness
+	// announce is the time from a post's 202 to its event on a viewer's
+	// stream, by kind of author.
+	announce freshness
 	// before and after are the service's metrics at the phase's ends;
 	// schedBefore and schedAfter this process's scheduling latencies.
 	before, after           metricSet

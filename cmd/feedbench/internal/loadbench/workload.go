@@ -37,7 +37,9 @@ type runner struct {
 	maxPosition atomic.Uint64
 
 	posts *recentPosts
-	stage atomic.Value // string: the step of the run, for the samples
+	// viewers, while set, hold streams open and time announcements.
+	viewers *viewers
+	stage   atomic.Value // string: the step of the run, for the samples
 
 	cursorMu sync.Mutex
 	cursors  []string // each user's next-page cursor, by user-1
@@ -189,6 +191,9 @@ func (r *runner) planPost(rng *rand.Rand) func(time.Time) arrival {
 			acceptedAt := time.Now()
 			r.noteDone(kindPost, pos)
 			r.posts.add(id)
+			if r.viewers != nil {
+				r.viewers.posted(id, big, acceptedAt, p)
+			}
 			if !big {
 				p.fanout.Add(int64(len(r.graph.Followers(author))))
 			}
