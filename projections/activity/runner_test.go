@@ -98,30 +98,6 @@ func replay(t *testing.T, log *events.Log, pool *pgxpool.Pool) {
 	}
 }
 
-// runUntil runs p until it has applied the log's head, calling chaos meanwhile.
-func runUntil(t *testing.T, log *events.Log, p projections.Projector, cfg projections.RunnerConfig, chaos func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	cfg.FetchWait = 100 * time.Millisecond
-	cfg.MaxBackoff = 20 * time.Millisecond
-	r := projections.NewRunner(log, p, cfg, nil, slog.New(slog.DiscardHandler))
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	head, err := log.Head(ctx)
-	require.NoError(t, err)
-	deadline := time.Now().Add(90 * time.Second)
-	for r.Position() < head {
-		require.True(t, time.Now().Before(deadline), "projector stuck at %d of %d", r.Position(), head)
-		if chaos != nil {
-			chaos()
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	require.NoError(t, <-done)
-}
-
 // TestBackfillFromTheWholeLog adds the activity to a log that already holds
 // thousands of events: once caught up, every user's activity, paged to the
 // end, is the reference model's, and equals a replay in batches of other
@@ -132,7 +108,7 @@ func TestBackfillFromTheWholeLog(t *testing.T) {
 	require.NoError(t, activitytest.AppendWorkload(context.Background(), log, 5000, 1))
 
 	live := activityDB(t, pg, "live")
-	runUntil(t, log, activity.NewProjector(live, nil, activity.Config{}), projections.RunnerConfig{}, nil)
+	projectionstest.RunUntil(t, log, activity.NewProjector(live, nil, activity.Config{}), projections.RunnerConfig{}, nil)
 	matchesModel(t, activity.NewStore(live), modelOf(t, log))
 
 	clean := activityDB(t, pg, "clean")
@@ -165,7 +141,7 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 	f := &faulty{Projector: activity.NewProjector(live, nil, activity.Config{}), Faults: projectionstest.Faults{Rng: rand.New(rand.NewPCG(3, 3))}}
 	chaosRng := rand.New(rand.NewPCG(4, 4))
 	killed, deleted := 0, 0
-	runUntil(t, log, f, projections.RunnerConfig{BatchSize: 97}, func() {
+	projectionstest.RunUntil(t, log, f, projections.RunnerConfig{BatchSize: 97}, func() {
 		switch chaosRng.IntN(8) {
 		case 0:
 			_, err := live.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -262,7 +238,7 @@ func TestSentAheadUnderFailure(t *testing.T) {
 		activity.SetCatchUpBatch(p, 1)
 		f := &faulty{Projector: p, Faults: projectionstest.Faults{Rng: rand.New(rand.NewPCG(uint64(round), 12))}}
 		chaosRng := rand.New(rand.NewPCG(uint64(round), 13))
-		runUntil(t, log, f, projections.RunnerConfig{BatchSize: 50}, func() {
+		projectionstest.RunUntil(t, log, f, projections.RunnerConfig{BatchSize: 50}, func() {
 			if chaosRng.IntN(20) == 0 {
 				_, _ = pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 					WHERE datname = current_database() AND pid <> pg_backend_pid()`)
@@ -285,7 +261,7 @@ func TestReplayFromMemory(t *testing.T) {
 	pool := activityDB(t, pg, "memory")
 	p := activity.NewProjector(pool, nil, activity.Config{})
 	activity.SetCatchUpBatch(p, 1)
-	runUntil(t, log, p, projections.RunnerConfig{BatchSize: 37}, nil)
+	projectionstest.RunUntil(t, log, p, projections.RunnerConfig{BatchSize: 37}, nil)
 	matchesModel(t, activity.NewStore(pool), modelOf(t, log))
 
 	clean := activityDB(t, pg, "clean")

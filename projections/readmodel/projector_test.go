@@ -428,29 +428,6 @@ func (f *faulty) Send(ctx context.Context, batch []events.Record) <-chan error {
 	return f.Faults.Send(ctx, batch, f.Projector.Send)
 }
 
-func runUntil(t *testing.T, log *events.Log, p projections.Projector, cfg projections.RunnerConfig, chaos func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	cfg.FetchWait = 100 * time.Millisecond
-	cfg.MaxBackoff = 20 * time.Millisecond
-	r := projections.NewRunner(log, p, cfg, nil, slog.New(slog.DiscardHandler))
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	head, err := log.Head(ctx)
-	require.NoError(t, err)
-	deadline := time.Now().Add(90 * time.Second)
-	for r.Position() < head {
-		require.True(t, time.Now().Before(deadline), "projector stuck at %d of %d", r.Position(), head)
-		if chaos != nil {
-			chaos()
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	require.NoError(t, <-done)
-}
-
 // TestExactlyOnceUnderFailure applies thousands of events through the runner
 // while transactions fail half-way, the process "crashes" right after a commit,
 // the consumer disappears (redelivery) and Postgres connections are killed;
@@ -469,7 +446,7 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 	f := &faulty{Projector: p, Faults: projectionstest.Faults{Rng: rand.New(rand.NewPCG(3, 3))}}
 	chaosRng := rand.New(rand.NewPCG(4, 4))
 	killed, deleted := 0, 0
-	runUntil(t, log, f, projections.RunnerConfig{BatchSize: 97}, func() {
+	projectionstest.RunUntil(t, log, f, projections.RunnerConfig{BatchSize: 97}, func() {
 		switch chaosRng.IntN(8) {
 		case 0:
 			_, err := live.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -524,7 +501,7 @@ func TestSentAheadUnderFailure(t *testing.T) {
 		readmodel.SetCatchUpBatch(p, 1)
 		f := &faulty{Projector: p, Faults: projectionstest.Faults{Rng: rand.New(rand.NewPCG(uint64(round), 12))}}
 		chaosRng := rand.New(rand.NewPCG(uint64(round), 13))
-		runUntil(t, log, f, projections.RunnerConfig{BatchSize: 50}, func() {
+		projectionstest.RunUntil(t, log, f, projections.RunnerConfig{BatchSize: 50}, func() {
 			if chaosRng.IntN(20) == 0 {
 				_, _ = pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 					WHERE datname = current_database() AND pid <> pg_backend_pid()`)
@@ -543,7 +520,7 @@ func TestReplayEquivalence(t *testing.T) {
 	log := pjLog(t)
 	workload(t, log, 3000, 2)
 	pool := pjDatabase(t, pg, "replayed")
-	runUntil(t, log, readmodel.NewProjector(pool, nil), projections.RunnerConfig{BatchSize: 13}, nil)
+	projectionstest.RunUntil(t, log, readmodel.NewProjector(pool, nil), projections.RunnerConfig{BatchSize: 13}, nil)
 	before := pjDump(t, pool)
 	require.NotEqual(t, strings.Repeat("--\n", 5), before, "the workload built something")
 
@@ -553,7 +530,7 @@ func TestReplayEquivalence(t *testing.T) {
 	// first batch (see known).
 	p := readmodel.NewProjector(pool, nil)
 	readmodel.SetCatchUpBatch(p, 1)
-	runUntil(t, log, p, projections.RunnerConfig{BatchSize: 500}, nil)
+	projectionstest.RunUntil(t, log, p, projections.RunnerConfig{BatchSize: 500}, nil)
 	assert.Equal(t, before, pjDump(t, pool))
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/feedproject/feed/events"
 	"github.com/feedproject/feed/migrations"
 	"github.com/feedproject/feed/projections"
+	"github.com/feedproject/feed/projections/projectionstest"
 	"github.com/feedproject/feed/projections/readmodel"
 )
 
@@ -204,7 +205,7 @@ func TestRebuildSkipsAPoisonEventSentAhead(t *testing.T) {
 		require.NoError(t, err)
 	}
 	want := pjDatabase(t, pg, "want")
-	runUntil(t, log, readmodel.NewProjector(want, nil), projections.RunnerConfig{BatchSize: 100}, nil)
+	projectionstest.RunUntil(t, log, readmodel.NewProjector(want, nil), projections.RunnerConfig{BatchSize: 100}, nil)
 
 	pjDatabase(t, pg, "live")
 	rb, err := readmodel.OpenRebuild(ctx, pjURL(pg, "live"), true, nil)
