@@ -1,5 +1,6 @@
 // Package projectionstest holds what tests of projectors share: failures to
-// inject into the batches a runner sends.
+// inject into the batches a runner sends and around it, and a way to run a
+// projector to the log's head.
 package projectionstest
 
 import (

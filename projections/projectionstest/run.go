@@ -3,8 +3,10 @@ package projectionstest
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/feedproject/feed/events"
@@ -40,4 +42,33 @@ func RunUntil(t T, log *events.Log, p projections.Projector, cfg projections.Run
 	}
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// Chaos is what a projector meets besides failed batches: its Postgres
+// connections killed, its consumer deleted. Call Step between polls of
+// RunUntil; it counts what it did.
+type Chaos struct {
+	Rng             *rand.Rand
+	Pool            *pgxpool.Pool
+	Log             *events.Log
+	Consumer        string
+	Killed, Deleted int
+}
+
+// Step does one thing in eight: kill the pool's connections, or delete the
+// consumer (the events not yet applied must come again, from the
+// checkpoint); otherwise nothing.
+func (c *Chaos) Step() {
+	switch c.Rng.IntN(8) {
+	case 0:
+		_, err := c.Pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+		if err == nil {
+			c.Killed++
+		}
+	case 1:
+		if c.Log.JetStream().DeleteConsumer(context.Background(), c.Log.Stream(), c.Consumer) == nil {
+			c.Deleted++
+		}
+	}
 }

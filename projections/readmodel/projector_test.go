@@ -444,26 +444,10 @@ func TestExactlyOnceUnderFailure(t *testing.T) {
 	// rows it does not know.
 	readmodel.SetCatchUpBatch(p, 1)
 	f := &faulty{Projector: p, Faults: projectionstest.Faults{Rng: rand.New(rand.NewPCG(3, 3))}}
-	chaosRng := rand.New(rand.NewPCG(4, 4))
-	killed, deleted := 0, 0
-	projectionstest.RunUntil(t, log, f, projections.RunnerConfig{BatchSize: 97}, func() {
-		switch chaosRng.IntN(8) {
-		case 0:
-			_, err := live.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE datname = current_database() AND pid <> pg_backend_pid()`)
-			if err == nil {
-				killed++
-			}
-		case 1:
-			// The consumer vanishes: the events not yet applied must come
-			// again, from the checkpoint.
-			if log.JetStream().DeleteConsumer(context.Background(), log.Stream(), projections.ConsumerName(readmodel.ProjectorName)) == nil {
-				deleted++
-			}
-		}
-	})
+	chaos := &projectionstest.Chaos{Rng: rand.New(rand.NewPCG(4, 4)), Pool: live, Log: log, Consumer: projections.ConsumerName(readmodel.ProjectorName)}
+	projectionstest.RunUntil(t, log, f, projections.RunnerConfig{BatchSize: 97}, chaos.Step)
 	t.Logf("injected: %d aborted transactions, %d crashes after commit, %d killed connections, %d deleted consumers",
-		f.Aborted, f.Crashed, killed, deleted)
+		f.Aborted, f.Crashed, chaos.Killed, chaos.Deleted)
 	require.Positive(t, f.Aborted+f.Crashed)
 	// The last kill may have left idle connections of the pool terminated
 	// (the projector retries; the checks below would not): start afresh.
