@@ -36,9 +36,6 @@ type StreamConfig struct {
 	Ping time.Duration
 	// WriteTimeout bounds each write to a client; default 10s.
 	WriteTimeout time.Duration
-	// HydrateWait bounds how long a post's announcement waits for the read
-	// model to reach it before the post is written from its event; default 2s.
-	HydrateWait time.Duration
 	// CatchUps is how many resumed streams of this process read the log at
 	// once to catch up, each with a consumer of its own on the server (whose
 	// streams hold a bounded number); the others wait their turn. Default 32.
@@ -63,9 +60,6 @@ func (c StreamConfig) withDefaults() StreamConfig {
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 10 * time.Second
-	}
-	if c.HydrateWait <= 0 {
-		c.HydrateWait = 2 * time.Second
 	}
 	return c
 }
@@ -105,9 +99,9 @@ type StreamPresence interface {
 // StreamDeps are what the streams need; Log is required.
 type StreamDeps struct {
 	Log *events.Log
-	// Model is the read model, whose position a post's announcement waits
-	// for, and which hydrates it unless Posts does; without it a post is
-	// written from its event.
+	// Model is the read model, which hydrates a replayed post it has
+	// applied, unless Posts does; without it every post is written from its
+	// event, as a live one always is.
 	Model HomeFeedModel
 	Posts FeedPosts
 	// Activity, if set, adds activity events.
@@ -288,14 +282,21 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var body []byte
 	visit := func(set map[*viewer]struct{}) {
 		for v := range set {
-			s.deliver(v, rec, items)
+			s.deliver(v, rec, items, body)
 		}
 	}
 	switch e := rec.Event.(type) {
 	case events.PostCreated:
-		visit(s.byAuthor[e.UserID])
+		if set := s.byAuthor[e.UserID]; len(set) > 0 {
+			// At its position a post is as its event made it, for every
+			// viewer: encoded once, and announced without waiting for the
+			// read model.
+			body = appendPost(nil, readmodel.CreatedPost(e))
+			visit(set)
+		}
 	case events.PostDeleted:
 		visit(s.byAuthor[e.UserID])
 	case events.UserFollowed:
@@ -381,14 +382,17 @@ func (s *Streams) joined(user domain.UserID) bool {
 	return len(s.byUser[user]) > 0
 }
 
-// deliver queues v's events of rec, keeping the followee index current; a
-// stream whose queue is full is dropped. The caller holds mu.
-func (s *Streams) deliver(v *viewer, rec events.Record, items []ActivityItem) {
+// deliver queues v's events of rec, a post's with body, keeping the followee
+// index current; a stream whose queue is full is dropped. The caller holds mu.
+func (s *Streams) deliver(v *viewer, rec events.Record, items []ActivityItem, body []byte) {
 	if !v.attached || rec.Seq <= v.pos {
 		return
 	}
 	v.pos = rec.Seq // visited once, whatever index it is found by
 	for _, ev := range v.events(rec, items) {
+		if ev.kind == kindPost {
+			ev.body = body
+		}
 		switch ev.kind {
 		case kindFollow:
 			addViewer(s.byAuthor, ev.user, v)
@@ -908,7 +912,10 @@ func (s *Streams) write(ctx context.Context, out *sseWriter, viewer domain.UserI
 	var data []byte
 	switch ev.kind {
 	case kindPost:
-		data = appendPost(nil, s.hydrate(ctx, viewer, ev))
+		data = ev.body
+		if data == nil {
+			data = appendPost(nil, s.hydrate(ctx, viewer, ev))
+		}
 	case kindDelete:
 		data = append(appendString([]byte(`{"id":`), ev.post.String()), '}')
 	case kindFollow, kindUnfollow:
@@ -948,15 +955,14 @@ func (s *Streams) writeActivity(ctx context.Context, out *sseWriter, viewer doma
 	return nil
 }
 
-// hydrate is the post of ev as GET /posts/{id} shows it to viewer, once the
-// read model has applied ev (waiting at most HydrateWait); a post the read
-// model does not have (deleted since, or the read model far behind) is
-// written as its event created it.
+// hydrate is a replayed post as GET /posts/{id} shows it to viewer now, with
+// the likes and comments it has had since, if the read model has applied ev.
+// One it has not applied yet (a post just made) or no longer has (deleted
+// since) is written as its event created it, as a live post is: the stream
+// waits for no projection.
 func (s *Streams) hydrate(ctx context.Context, viewer domain.UserID, ev streamEvent) readmodel.Post {
 	if s.model != nil {
-		ctx, cancel := context.WithTimeout(ctx, s.cfg.HydrateWait)
-		defer cancel()
-		if s.awaitModel(ctx, ev.seq) {
+		if pos, err := s.model.get(ctx, ev.seq); err == nil && pos >= ev.seq {
 			posts, err := s.posts.Posts(ctx, []domain.PostID{ev.post}, viewer, ev.seq)
 			if err == nil && len(posts) == 1 {
 				return posts[0]
@@ -966,13 +972,7 @@ func (s *Streams) hydrate(ctx context.Context, viewer domain.UserID, ev streamEv
 			}
 		}
 	}
-	return postOf(ev.created)
-}
-
-// awaitModel waits until the read model has applied seq; false if ctx ends
-// first.
-func (s *Streams) awaitModel(ctx context.Context, seq uint64) bool {
-	return awaitApplied(ctx, s.model, seq)
+	return readmodel.CreatedPost(ev.created)
 }
 
 // awaitApplied waits until the projection whose position p looks up has

@@ -318,3 +318,65 @@ func jsonField(t *testing.T, data, field string) string {
 	s, _ := m[field].(string)
 	return s
 }
+
+// TestStreamAnnouncesALivePostWithoutWaitingForTheReadModel holds the read
+// model back: a live post is announced from its event at once, exactly as
+// GET /posts/{id} shows it at its position; replayed on a resumption after a
+// like, it is hydrated as the viewer sees it now.
+func TestStreamAnnouncesALivePostWithoutWaitingForTheReadModel(t *testing.T) {
+	start := make(chan struct{})
+	w := newFeedWorldWith(t, feeds.Config{}, start)
+	reg := prometheus.NewRegistry()
+	streams := NewStreams(StreamDeps{Log: w.log, Model: w.read, Posts: w.posts, Registerer: reg}, StreamConfig{})
+	deps := w.deps
+	deps.Streams, deps.Registerer, deps.Gatherer = streams, reg, reg
+	addr := runStreams(t, NewServer(deps, Config{ConsistencyWait: 10 * time.Second}), streams)
+	viewer, author := domain.UserID(81), domain.UserID(82)
+	token, err := w.auth.Mint(viewer, false, time.Now(), time.Hour)
+	require.NoError(t, err)
+	appendEvent := func(ev events.Event) uint64 {
+		w.n++
+		res, err := w.log.AppendEvent(context.Background(), fmt.Sprintf("live%d", w.n), time.Now(), ev)
+		require.NoError(t, err)
+		return res.Seq
+	}
+	followed := appendEvent(follow(viewer, author))
+
+	c := openStream(t, addr, token, events.Position(followed), false)
+	require.Equal(t, http.StatusOK, c.resp.StatusCode)
+	id, at := w.ids.Next(time.Now())
+	created := events.PostCreated{PostID: domain.PostID(id), UserID: author, Caption: "live <now>", CreatedAt: at,
+		Media: []events.Media{{Key: fmt.Sprintf("%064d.png", id), ContentType: "image/png", Width: 3, Height: 2, Size: 1}}}
+	posted := appendEvent(created)
+	// Far under the 2 s a wait for the read model took before giving up.
+	m := c.nextEvent(t, time.Second)
+	require.Equal(t, "post", m.event, "announced while the read model has not applied it")
+	assert.Equal(t, events.Position(posted), m.id)
+	c.close()
+
+	close(start)
+	get := func(path string, minPos uint64) []byte {
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("X-Min-Position", events.Position(minPos))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		var buf bytes.Buffer
+		_, err = buf.ReadFrom(resp.Body)
+		require.NoError(t, err)
+		return bytes.TrimSpace(buf.Bytes())
+	}
+	assert.JSONEq(t, string(get("/posts/"+created.PostID.String(), posted)), m.data,
+		"the live announcement is the post as GET /posts/{id} shows it at its position")
+
+	liked := appendEvent(events.PostLiked{PostID: created.PostID, UserID: viewer})
+	now := get("/posts/"+created.PostID.String(), liked)
+	require.Contains(t, string(now), `"has_liked":true`)
+	resumed := openStream(t, addr, token, events.Position(followed), false)
+	m = resumed.nextEvent(t, 5*time.Second)
+	require.Equal(t, "post", m.event)
+	assert.JSONEq(t, string(now), m.data, "a replayed post is as the viewer sees it now")
+}

@@ -5,7 +5,6 @@ import (
 
 	"github.com/feedproject/feed/domain"
 	"github.com/feedproject/feed/events"
-	"github.com/feedproject/feed/projections/readmodel"
 )
 
 // The event types of GET /stream. Clients depend on them: never rename one.
@@ -24,6 +23,8 @@ type streamEvent struct {
 	// post is a post's or a deleted post's id; created, the post's event.
 	post    domain.PostID
 	created events.PostCreated
+	// body is a live post's data, shared by every viewer it is dispatched to.
+	body []byte
 	// occurred is when the post was accepted.
 	occurred time.Time
 	// user is the account followed or unfollowed.
@@ -87,14 +88,4 @@ func (v *viewer) events(rec events.Record, items []ActivityItem) []streamEvent {
 		}
 	}
 	return out
-}
-
-// postOf is the post e creates, as the read model first holds it.
-func postOf(e events.PostCreated) readmodel.Post {
-	p := readmodel.Post{ID: e.PostID, UserID: e.UserID, Caption: e.Caption, CreatedAt: e.CreatedAt}
-	p.Media = make([]readmodel.Media, len(e.Media))
-	for i, m := range e.Media {
-		p.Media[i] = readmodel.Media{Key: m.Key, ContentType: m.ContentType, Width: m.Width, Height: m.Height, Position: i}
-	}
-	return p
 }

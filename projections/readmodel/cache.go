@@ -25,7 +25,7 @@ import (
 //     the cache cannot apply exactly) drops the entries of that post older
 //     than the event and marks the post dirty up to it.
 //   - A post's creation puts it in, as the read model holds it once the event
-//     is applied (createdPost), with its position as asOf: a post is created
+//     is applied (CreatedPost), with its position as asOf: a post is created
 //     once, by its first event, so no other event on it can precede it, and
 //     every later one drops or changes it. A home feed's first page is mostly
 //     posts seconds old, which would otherwise each be read from Postgres.
@@ -248,7 +248,7 @@ func (c *Cache) touched(t events.Touch) error {
 			c.dropPost(post, t.Seq)
 			if e, ok := ev.(events.PostCreated); ok && e.PostID == post && creates(e) {
 				if _, ok := c.posts.Peek(post); !ok { // none read at or after t
-					c.posts.Add(post, cachedPost{post: createdPost(e), asOf: t.Seq, at: time.Now(), likersKnown: true})
+					c.posts.Add(post, cachedPost{post: CreatedPost(e), asOf: t.Seq, at: time.Now(), likersKnown: true})
 				}
 			}
 		case events.KindComment:

@@ -87,11 +87,11 @@ type Post struct {
 	Media []Media
 }
 
-// createdPost is the post e creates exactly as the read model reads it once
+// CreatedPost is the post e creates exactly as the read model reads it once
 // e is applied: not edited, no likes or comments, its images in their order,
 // and its time as Postgres keeps it and pgx returns it (whole microseconds, in
 // the local zone).
-func createdPost(e events.PostCreated) Post {
+func CreatedPost(e events.PostCreated) Post {
 	media := make([]Media, len(e.Media))
 	for i, m := range e.Media {
 		media[i] = Media{Key: m.Key, ContentType: m.ContentType, Width: m.Width, Height: m.Height, Position: i}
