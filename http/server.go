@@ -227,6 +227,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if err := s.app.ShutdownWithContext(ctx); err != nil {
 		return fmt.Errorf("shut down http: %w", err)
 	}
+	if s.streams != nil {
+		// Their connections are the streams' own, which the server does not wait for.
+		return s.streams.Wait(ctx)
+	}
 	return nil
 }
 

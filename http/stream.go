@@ -140,6 +140,7 @@ type Streams struct {
 	authors postAuthors
 
 	catchUps chan struct{} // a slot per resumed stream reading the log
+	streams  sync.WaitGroup // the streams being written
 	ready    chan struct{} // closed once Run knows where it starts
 	done     chan struct{} // closed by Close
 
@@ -792,16 +793,57 @@ func (s *Streams) handle(c *fiber.Ctx) error {
 	c.Set(fiber.HeaderCacheControl, "no-cache")
 	c.Set("X-Accel-Buffering", "no")
 	c.Set(headerPosition, events.Position(from))
-	// The connection ends with the stream: it is watched for the client
-	// leaving, which no request after it could share.
-	c.Context().SetConnectionClose()
-	conn := c.Context().Conn()
+	// The connection ends with the stream, so the body needs no framing:
+	// the stream writes to the connection itself, taken over once the
+	// handlers have set the headers, rather than through the server's
+	// chunked body writer, which copied each event through a pipe and a
+	// goroutine of its own. It is watched for the client leaving, which no
+	// request after it could share.
+	fc := c.Context()
+	fc.Response.Header.SetConnectionClose()
+	fc.HijackSetNoResponse(true)
 	user := p.UserID
-	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+	fc.Hijack(func(conn net.Conn) {
 		defer s.release(sl)
-		s.serve(user, from, reset, &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout})
+		if !s.serving() {
+			return
+		}
+		defer s.streams.Done()
+		out := &sseWriter{w: bufio.NewWriterSize(conn, sseBuffer), conn: conn, timeout: s.cfg.WriteTimeout}
+		_, _ = out.w.Write(fc.Response.Header.Header())
+		s.serve(user, from, reset, out)
 	})
 	return nil
+}
+
+// sseBuffer is a stream's write buffer: room for the events held for one
+// write.
+const sseBuffer = holdBytes + 4<<10
+
+// serving counts a stream in streams unless they are closed.
+func (s *Streams) serving() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.streams.Add(1)
+	return true
+}
+
+// Wait waits, after Close, until every stream has ended or ctx ends.
+func (s *Streams) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		s.streams.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("streams still open: %w", ctx.Err())
+	}
 }
 
 // serve writes one stream until the client goes, falls behind, or the
