@@ -139,10 +139,10 @@ type Streams struct {
 	// authors remembers recent posts' authors, for the reader and replays.
 	authors postAuthors
 
-	catchUps chan struct{} // a slot per resumed stream reading the log
+	catchUps chan struct{}  // a slot per resumed stream reading the log
 	streams  sync.WaitGroup // the streams being written
-	ready    chan struct{} // closed once Run knows where it starts
-	done     chan struct{} // closed by Close
+	ready    chan struct{}  // closed once Run knows where it starts
+	done     chan struct{}  // closed by Close
 
 	mu sync.Mutex
 	// begun is the event being dispatched (last while none is): a stream
