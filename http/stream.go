@@ -36,6 +36,10 @@ type StreamConfig struct {
 	Ping time.Duration
 	// WriteTimeout bounds each write to a client; default 10s.
 	WriteTimeout time.Duration
+	// Recent is how many of the last events dispatched a process keeps, for
+	// new streams and those resumed a moment after they dropped to catch up
+	// from memory; one further behind reads the log. Default 4096.
+	Recent int
 	// CatchUps is how many resumed streams of this process read the log at
 	// once to catch up, each with a consumer of its own on the server (whose
 	// streams hold a bounded number); the others wait their turn. Default 32.
@@ -45,6 +49,9 @@ type StreamConfig struct {
 func (c StreamConfig) withDefaults() StreamConfig {
 	if c.CatchUps <= 0 {
 		c.CatchUps = 32
+	}
+	if c.Recent <= 0 {
+		c.Recent = 1 << 12
 	}
 	if c.Window <= 0 {
 		c.Window = 10 * time.Minute
@@ -148,11 +155,16 @@ type Streams struct {
 	// begun is the event being dispatched (last while none is): a stream
 	// joins only at or past it, so none misses or repeats it.
 	begun, last uint64
-	closed      bool
-	readyOnce   sync.Once
-	byAuthor    map[domain.UserID]map[*viewer]struct{}
-	byUser      map[domain.UserID]map[*viewer]struct{}
-	open        map[domain.UserID]int
+	// turn is closed, and replaced, when the dispatcher ends an event.
+	turn chan struct{}
+	// recent are the last events dispatched, from which a stream catches up
+	// in memory.
+	recent    recentRing
+	closed    bool
+	readyOnce sync.Once
+	byAuthor  map[domain.UserID]map[*viewer]struct{}
+	byUser    map[domain.UserID]map[*viewer]struct{}
+	open      map[domain.UserID]int
 	// held are the entries of this process's streams in the presence record.
 	held map[presence.Stream]struct{}
 }
@@ -169,11 +181,12 @@ func NewStreams(deps StreamDeps, cfg StreamConfig) *Streams {
 		log: deps.Log, cfg: cfg.withDefaults(), posts: deps.Posts, activity: deps.Activity,
 		logger: deps.Logger, now: deps.Now, metrics: newStreamMetrics(deps.Registerer),
 		hydrateFailed: newSampledLog(), presence: deps.Presence, presenceLost: newSampledLog(),
-		ready: make(chan struct{}), done: make(chan struct{}),
+		ready: make(chan struct{}), done: make(chan struct{}), turn: make(chan struct{}),
 		byAuthor: map[domain.UserID]map[*viewer]struct{}{}, byUser: map[domain.UserID]map[*viewer]struct{}{},
 		open: map[domain.UserID]int{}, held: map[presence.Stream]struct{}{},
 	}
 	s.catchUps = make(chan struct{}, s.cfg.CatchUps)
+	s.recent.ring = make([]recent, s.cfg.Recent)
 	if deps.Model != nil {
 		s.model = &sharedPosition{lookup: deps.Model.Position, ttl: positionReuse}
 		if s.posts == nil {
@@ -262,8 +275,10 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 	s.begun = rec.Seq
 	s.mu.Unlock()
 	var items []ActivityItem
+	kept := recent{rec: rec}
 	if s.activity != nil && rec.Event != nil {
 		owner, known, maybe := s.activityOwner(ctx, rec)
+		kept.owner, kept.known, kept.maybe = owner, known, maybe
 		var err error
 		switch {
 		case !maybe:
@@ -277,12 +292,14 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 		if err != nil {
 			s.mu.Lock()
 			s.begun = s.last
+			s.endTurn()
 			s.mu.Unlock()
 			return fmt.Errorf("streams: activity of event %d: %w", rec.Seq, err)
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.endTurn()
 	var body []byte
 	visit := func(set map[*viewer]struct{}) {
 		for v := range set {
@@ -308,6 +325,8 @@ func (s *Streams) dispatch(ctx context.Context, rec events.Record) error {
 	for _, it := range items {
 		visit(s.byUser[it.User])
 	}
+	kept.body = body
+	s.recent.add(kept)
 	s.last = rec.Seq
 	return nil
 }
@@ -623,94 +642,6 @@ func (s *Streams) followsAt(ctx context.Context, user domain.UserID, pos uint64)
 		return nil, fmt.Errorf("followees of %d: %w", user, err)
 	}
 	return follows, nil
-}
-
-// join brings v from its position to the dispatcher's, handing the events
-// on the way to write, and attaches it there, once its queue has room for
-// the dispatcher's events.
-func (s *Streams) join(ctx context.Context, v *viewer, write func(streamEvent) error) error {
-	select {
-	case <-s.ready:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	for {
-		for len(v.queue) > cap(v.queue)/2 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			return errStreamsClosed
-		}
-		target := s.begun
-		if v.pos >= target {
-			s.attach(v)
-			s.mu.Unlock()
-			return nil
-		}
-		s.mu.Unlock()
-		select {
-		case s.catchUps <- struct{}{}:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		err := s.log.Read(ctx, events.ReadOptions{FromSeq: v.pos + 1, IncludeUnknown: true}, func(rec events.Record) error {
-			var items []ActivityItem
-			// Only the events whose item may be the viewer's: a wait for the
-			// activity projection and a query for every like kept a replay
-			// from ever reaching the reader.
-			if s.activity != nil {
-				if owner, known, maybe := s.activityOwner(ctx, rec); maybe && (!known || owner == v.user) {
-					var err error
-					if items, err = s.activity.ActivityItems(ctx, rec, func(u domain.UserID) bool { return u == v.user }); err != nil {
-						return err
-					}
-				}
-			}
-			for _, ev := range v.events(rec, items) {
-				if err := write(ev); err != nil {
-					return err
-				}
-			}
-			v.pos = rec.Seq
-			// Joined as soon as it can be: a replay that stopped at where
-			// the reader was when it began, and began again, chased a
-			// reader that had moved on meanwhile.
-			if rec.Seq >= target && s.attachAt(v) {
-				return errJoined
-			}
-			return nil
-		})
-		<-s.catchUps
-		switch {
-		case errors.Is(err, errJoined):
-			return nil
-		case err != nil:
-			return err
-		default:
-			return ctx.Err()
-		}
-	}
-}
-
-// errJoined ends a replay that joined the reader.
-var errJoined = errors.New("joined")
-
-// attachAt attaches v if it has reached the dispatcher's event and its queue
-// has room for the dispatcher's events.
-func (s *Streams) attachAt(v *viewer) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || v.pos < s.begun || len(v.queue) > cap(v.queue)/2 {
-		return false
-	}
-	s.attach(v)
-	return true
 }
 
 var errStreamsClosed = errors.New("streams closed")
@@ -1112,6 +1043,9 @@ type streamMetrics struct {
 	resumptions, resets, slow prometheus.Counter
 	refused                   prometheus.Counter
 	delay                     prometheus.Histogram
+	// caughtUp counts streams brought to the dispatcher, from memory or
+	// from the log.
+	caughtUp *prometheus.CounterVec
 }
 
 func newStreamMetrics(reg prometheus.Registerer) *streamMetrics {
@@ -1137,9 +1071,12 @@ func newStreamMetrics(reg prometheus.Registerer) *streamMetrics {
 			Help:    "Time from a post accepted to its announcement written to a connected viewer's stream.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}),
+		caughtUp: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "feed_stream_catch_ups_total", Help: "Streams that caught up with the live events, by where from: memory (the recent events) or the log (a resumption from further back).",
+		}, []string{"from"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.open, m.sent, m.resumptions, m.resets, m.slow, m.refused, m.delay)
+		reg.MustRegister(m.open, m.sent, m.resumptions, m.resets, m.slow, m.refused, m.delay, m.caughtUp)
 	}
 	return m
 }

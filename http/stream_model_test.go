@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -145,7 +146,9 @@ func expectedStream(recs []events.Record, user domain.UserID, start uint64) []st
 func TestStreamModelExactAcrossReconnections(t *testing.T) {
 	w := newFeedWorld(t, feeds.Config{InboxCap: 20, SegmentSize: 3, OutboxCap: 20, BigThreshold: 3})
 	reg := prometheus.NewRegistry()
-	streams := NewStreams(StreamDeps{Log: w.log, Model: w.read, Posts: w.posts, Registerer: reg}, StreamConfig{Ping: 20 * time.Millisecond})
+	// Few recent events: some resumptions catch up from memory, others
+	// from the log.
+	streams := NewStreams(StreamDeps{Log: w.log, Model: w.read, Posts: w.posts, Registerer: reg}, StreamConfig{Ping: 20 * time.Millisecond, Recent: 16})
 	deps := w.deps
 	deps.Streams, deps.Registerer, deps.Gatherer = streams, reg, reg
 	addr := runStreams(t, NewServer(deps, Config{}), streams)
@@ -211,6 +214,9 @@ func TestStreamModelExactAcrossReconnections(t *testing.T) {
 		total += len(want)
 	}
 	assert.Greater(t, total, 100, "the run announced enough to mean something")
+	for _, from := range []string{"memory", "log"} {
+		assert.Positive(t, testutil.ToFloat64(streams.metrics.caughtUp.WithLabelValues(from)), "streams caught up from %s", from)
+	}
 	t.Logf("%d events over %d viewers", total, len(viewers))
 }
 
@@ -321,13 +327,24 @@ func jsonField(t *testing.T, data, field string) string {
 
 // TestStreamAnnouncesALivePostWithoutWaitingForTheReadModel holds the read
 // model back: a live post is announced from its event at once, exactly as
-// GET /posts/{id} shows it at its position; replayed on a resumption after a
-// like, it is hydrated as the viewer sees it now.
+// GET /posts/{id} shows it at its position. Resumed after a like, a stream
+// catching up from the recent events in memory gets the same; one that
+// reads the log (beyond the recent events) gets the post hydrated as the
+// viewer sees it now.
 func TestStreamAnnouncesALivePostWithoutWaitingForTheReadModel(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		recent int
+	}{{"from memory", 0}, {"from the log", 1}} {
+		t.Run(c.name, func(t *testing.T) { testLivePost(t, c.recent) })
+	}
+}
+
+func testLivePost(t *testing.T, recent int) {
 	start := make(chan struct{})
 	w := newFeedWorldWith(t, feeds.Config{}, start)
 	reg := prometheus.NewRegistry()
-	streams := NewStreams(StreamDeps{Log: w.log, Model: w.read, Posts: w.posts, Registerer: reg}, StreamConfig{})
+	streams := NewStreams(StreamDeps{Log: w.log, Model: w.read, Posts: w.posts, Registerer: reg}, StreamConfig{Recent: recent})
 	deps := w.deps
 	deps.Streams, deps.Registerer, deps.Gatherer = streams, reg, reg
 	addr := runStreams(t, NewServer(deps, Config{ConsistencyWait: 10 * time.Second}), streams)
@@ -369,8 +386,8 @@ func TestStreamAnnouncesALivePostWithoutWaitingForTheReadModel(t *testing.T) {
 		require.NoError(t, err)
 		return bytes.TrimSpace(buf.Bytes())
 	}
-	assert.JSONEq(t, string(get("/posts/"+created.PostID.String(), posted)), m.data,
-		"the live announcement is the post as GET /posts/{id} shows it at its position")
+	made := get("/posts/"+created.PostID.String(), posted)
+	assert.JSONEq(t, string(made), m.data, "the live announcement is the post as GET /posts/{id} shows it at its position")
 
 	liked := appendEvent(events.PostLiked{PostID: created.PostID, UserID: viewer})
 	now := get("/posts/"+created.PostID.String(), liked)
@@ -378,5 +395,9 @@ func TestStreamAnnouncesALivePostWithoutWaitingForTheReadModel(t *testing.T) {
 	resumed := openStream(t, addr, token, events.Position(followed), false)
 	m = resumed.nextEvent(t, 5*time.Second)
 	require.Equal(t, "post", m.event)
-	assert.JSONEq(t, string(now), m.data, "a replayed post is as the viewer sees it now")
+	if recent == 1 {
+		assert.JSONEq(t, string(now), m.data, "a post replayed from the log is as the viewer sees it now")
+	} else {
+		assert.JSONEq(t, string(made), m.data, "a post caught up from memory is as it was made")
+	}
 }
