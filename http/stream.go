@@ -2,11 +2,13 @@ package http
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,9 +42,10 @@ type StreamConfig struct {
 	// new streams and those resumed a moment after they dropped to catch up
 	// from memory; one further behind reads the log. Default 4096.
 	Recent int
-	// CatchUps is how many resumed streams of this process read the log at
-	// once to catch up, each with a consumer of its own on the server (whose
-	// streams hold a bounded number); the others wait their turn. Default 32.
+	// CatchUps is how many streams of this process read the log at once
+	// (their followees as they open, a resumption from beyond the recent
+	// events), each with a consumer of its own on the server, whose streams
+	// hold a bounded number; the others wait their turn. Default 32.
 	CatchUps int
 }
 
@@ -619,12 +622,20 @@ func (s *Streams) start(ctx context.Context, resume *uint64) (from uint64, reset
 }
 
 // followsAt is user's followees just after the event at pos, from the log:
-// exact at any position, for the cost of reading user's follow events.
+// exact at any position, for the cost of reading user's follow events. The
+// read takes a catch-up slot: each is a consumer on the server, and a
+// replica's clients all reconnect at once when another goes down.
 func (s *Streams) followsAt(ctx context.Context, user domain.UserID, pos uint64) (map[domain.UserID]struct{}, error) {
 	follows := map[domain.UserID]struct{}{}
 	if pos == 0 {
 		return follows, nil
 	}
+	select {
+	case s.catchUps <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-s.catchUps }()
 	filter := fmt.Sprintf("%s.%d.%s.>", events.SubjectPrefix, user, events.KindFollow)
 	err := s.log.Read(ctx, events.ReadOptions{Filters: []string{filter}, StopAtEnd: true}, func(rec events.Record) error {
 		if rec.Seq > pos {
@@ -1022,12 +1033,22 @@ func (o *sseWriter) ping(pos uint64) error {
 	return o.flush()
 }
 
+var newline = []byte{'\n'}
+
 func (o *sseWriter) event(id uint64, kind string, data []byte) error {
-	_, _ = fmt.Fprintf(o.w, "id: %d\nevent: %s\n", id, kind)
-	for line := range strings.SplitSeq(string(data), "\n") {
+	b := append(o.w.AvailableBuffer(), "id: "...)
+	b = strconv.AppendUint(b, id, 10)
+	b = append(append(append(b, "\nevent: "...), kind...), '\n')
+	_, _ = o.w.Write(b)
+	for {
+		line, rest, more := bytes.Cut(data, newline)
 		_, _ = o.w.WriteString("data: ")
-		_, _ = o.w.WriteString(line)
+		_, _ = o.w.Write(line)
 		_ = o.w.WriteByte('\n')
+		if !more {
+			break
+		}
+		data = rest
 	}
 	_ = o.w.WriteByte('\n')
 	o.lastID = id

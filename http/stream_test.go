@@ -42,6 +42,8 @@ type streamRig struct {
 	logs    *syncBuffer
 	n       int
 	ids     *domain.IDGenerator
+	// natsURL is the NATS server's.
+	natsURL string
 }
 
 type syncBuffer struct {
@@ -63,8 +65,9 @@ func (b *syncBuffer) String() string {
 
 func newStreamRig(t *testing.T, cfg StreamConfig) *streamRig {
 	t.Helper()
-	log := openTestLog(t, localstacktest.NATSForTest(t).ClientURL())
-	r := &streamRig{log: log, logs: &syncBuffer{}}
+	url := localstacktest.NATSForTest(t).ClientURL()
+	log := openTestLog(t, url)
+	r := &streamRig{log: log, logs: &syncBuffer{}, natsURL: url}
 	logger := slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var err error
 	r.auth, err = NewAuthenticator(testSecret, nil)
@@ -486,4 +489,87 @@ func TestStreamWithoutStreamsIs503(t *testing.T) {
 	resp := a.do(t, req)
 	assert.Equal(t, http.StatusServiceUnavailable, resp.status)
 	_, _ = io.Discard.Write(resp.raw)
+}
+
+func TestSSEEventWritesEachLineOfItsData(t *testing.T) {
+	var buf bytes.Buffer
+	out := &sseWriter{w: bufio.NewWriter(&buf)}
+	require.NoError(t, out.event(5, "post", []byte(`{"a":1}`)))
+	require.NoError(t, out.event(6, "activity", []byte("one\ntwo\n")))
+	assert.Equal(t, "id: 5\nevent: post\ndata: {\"a\":1}\n\nid: 6\nevent: activity\ndata: one\ndata: two\ndata: \n\n", buf.String())
+	assert.Equal(t, uint64(6), out.lastID)
+}
+
+// TestStreamsOpeningAtOnceHoldFewConsumers opens many streams at once, as a
+// replica's clients do when another goes down: each reads its user's
+// followees on a consumer of its own, and no more than CatchUps of those
+// are on the server at a time, whose streams hold a bounded number.
+func TestStreamsOpeningAtOnceHoldFewConsumers(t *testing.T) {
+	const catchUps, opening = 2, 40
+	r := newStreamRig(t, StreamConfig{CatchUps: catchUps})
+	streams := r.streams
+	for u := range opening {
+		r.append(t, time.Now(), events.UserFollowed{FollowerID: domain.UserID(u + 1), FolloweeID: 999})
+	}
+	ctx := context.Background()
+	stream := eventStream(t, r.natsURL)
+	consumers := func() int {
+		info, err := stream.Info(ctx)
+		require.NoError(t, err)
+		return info.State.Consumers
+	}
+	require.Eventually(t, func() bool { return consumers() == 1 }, 5*time.Second, 10*time.Millisecond, "the streams' own reader")
+
+	most := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			most = max(most, consumers())
+			select {
+			case <-time.After(time.Millisecond):
+			case <-streams.done:
+				return
+			}
+			if streams.isClosed() {
+				return
+			}
+		}
+	}()
+	var opened sync.WaitGroup
+	var clients sync.Map
+	for u := range opening {
+		opened.Go(func() {
+			c, err := dialStream(r.addr, r.token(t, domain.UserID(u+1)), "", false, nil)
+			if assert.NoError(t, err) {
+				clients.Store(u, c)
+			}
+		})
+	}
+	opened.Wait()
+	clients.Range(func(_, c any) bool {
+		t.Cleanup(c.(*sseClient).close)
+		assert.Equal(t, http.StatusOK, c.(*sseClient).resp.StatusCode)
+		return true
+	})
+	require.Eventually(t, func() bool { return testutil.ToFloat64(streams.metrics.caughtUp.WithLabelValues("memory")) == opening },
+		10*time.Second, 10*time.Millisecond, "every stream joined")
+	streams.Close()
+	<-done
+	assert.LessOrEqual(t, most, 1+catchUps, "consumers at once: the reader's and the catch-ups'")
+	assert.Greater(t, most, 1, "the sampling saw the catch-ups")
+}
+
+// eventStream is the log's stream on the NATS server at url, as the server
+// reports it.
+func eventStream(t *testing.T, url string) jetstream.Stream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	stream, err := js.Stream(context.Background(), "FEED_EVENTS")
+	require.NoError(t, err)
+	return stream
 }
