@@ -109,10 +109,8 @@ type StreamPresence interface {
 // StreamDeps are what the streams need; Log is required.
 type StreamDeps struct {
 	Log *events.Log
-	// Model is the read model, which hydrates a replayed post it has
-	// applied, unless Posts does; without it every post is written from its
-	// event, as a live one always is.
-	Model HomeFeedModel
+	// Posts, if set, tells the author of a post liked or commented on that
+	// the streams have not seen created.
 	Posts FeedPosts
 	// Activity, if set, adds activity events.
 	Activity StreamActivity
@@ -130,17 +128,15 @@ type StreamDeps struct {
 // A stream that starts behind that reader (a resumption) reads the log itself
 // until it reaches it, then joins it.
 type Streams struct {
-	log           *events.Log
-	cfg           StreamConfig
-	posts         FeedPosts
-	model         *sharedPosition
-	activity      StreamActivity
-	logger        *slog.Logger
-	now           func() time.Time
-	metrics       *streamMetrics
-	hydrateFailed *sampledLog
-	presence      StreamPresence
-	presenceLost  *sampledLog
+	log          *events.Log
+	cfg          StreamConfig
+	posts        FeedPosts
+	activity     StreamActivity
+	logger       *slog.Logger
+	now          func() time.Time
+	metrics      *streamMetrics
+	presence     StreamPresence
+	presenceLost *sampledLog
 	// renewing is held by a renewal of the open streams' entries, and by a
 	// release, so that a renewal under way cannot add an entry back after
 	// its release.
@@ -183,19 +179,13 @@ func NewStreams(deps StreamDeps, cfg StreamConfig) *Streams {
 	s := &Streams{
 		log: deps.Log, cfg: cfg.withDefaults(), posts: deps.Posts, activity: deps.Activity,
 		logger: deps.Logger, now: deps.Now, metrics: newStreamMetrics(deps.Registerer),
-		hydrateFailed: newSampledLog(), presence: deps.Presence, presenceLost: newSampledLog(),
+		presence: deps.Presence, presenceLost: newSampledLog(),
 		ready: make(chan struct{}), done: make(chan struct{}), turn: make(chan struct{}),
 		byAuthor: map[domain.UserID]map[*viewer]struct{}{}, byUser: map[domain.UserID]map[*viewer]struct{}{},
 		open: map[domain.UserID]int{}, held: map[presence.Stream]struct{}{},
 	}
 	s.catchUps = make(chan struct{}, s.cfg.CatchUps)
 	s.recent.ring = make([]recent, s.cfg.Recent)
-	if deps.Model != nil {
-		s.model = &sharedPosition{lookup: deps.Model.Position, ttl: positionReuse}
-		if s.posts == nil {
-			s.posts = modelPosts{model: deps.Model}
-		}
-	}
 	return s
 }
 
@@ -800,7 +790,7 @@ func (s *Streams) serve(user domain.UserID, from uint64, reset bool, out *sseWri
 		case <-ctx.Done():
 		}
 	}()
-	out.watch(cancel)
+	defer out.watch(cancel)()
 	// The response starts at once, before any event.
 	if out.comment("ping") != nil {
 		return
@@ -891,14 +881,14 @@ func (s *Streams) countSlow(err error) {
 	}
 }
 
-// write sends one event, hydrating a post for the viewer.
+// write sends one event.
 func (s *Streams) write(ctx context.Context, out *sseWriter, viewer domain.UserID, ev streamEvent) error {
 	var data []byte
 	switch ev.kind {
 	case kindPost:
 		data = ev.body
 		if data == nil {
-			data = appendPost(nil, s.hydrate(ctx, viewer, ev))
+			data = appendPost(nil, readmodel.CreatedPost(ev.created))
 		}
 	case kindDelete:
 		data = append(appendString([]byte(`{"id":`), ev.post.String()), '}')
@@ -939,26 +929,6 @@ func (s *Streams) writeActivity(ctx context.Context, out *sseWriter, viewer doma
 	return nil
 }
 
-// hydrate is a replayed post as GET /posts/{id} shows it to viewer now, with
-// the likes and comments it has had since, if the read model has applied ev.
-// One it has not applied yet (a post just made) or no longer has (deleted
-// since) is written as its event created it, as a live post is: the stream
-// waits for no projection.
-func (s *Streams) hydrate(ctx context.Context, viewer domain.UserID, ev streamEvent) readmodel.Post {
-	if s.model != nil {
-		if pos, err := s.model.get(ctx, ev.seq); err == nil && pos >= ev.seq {
-			posts, err := s.posts.Posts(ctx, []domain.PostID{ev.post}, viewer, ev.seq)
-			if err == nil && len(posts) == 1 {
-				return posts[0]
-			}
-			if err != nil {
-				s.hydrateFailed.log(ctx, s.logger, slog.LevelWarn, "stream: hydrate a post; written from its event", "post", ev.post, "err", err)
-			}
-		}
-	}
-	return readmodel.CreatedPost(ev.created)
-}
-
 // awaitApplied waits until the projection whose position p looks up has
 // applied seq; false if ctx ends first.
 func awaitApplied(ctx context.Context, p *sharedPosition, seq uint64) bool {
@@ -991,18 +961,26 @@ const holdBytes = 16 << 10
 
 // watch calls gone when the client closes the connection (or sends
 // anything: a stream's connection carries no other request), so that a
-// stream whose client left ends at once, not at its next write.
-func (o *sseWriter) watch(gone func()) {
+// stream whose client left ends at once, not at its next write. The
+// returned stop closes the connection and waits for the watch to end: the
+// server reuses the connection's read buffer once the stream returns.
+func (o *sseWriter) watch(gone func()) (stop func()) {
 	if o.conn == nil {
-		return
+		return func() {}
 	}
+	ended := make(chan struct{})
 	go func() {
+		defer close(ended)
 		// The server's read deadline, set for the request, no longer applies.
 		_ = o.conn.SetReadDeadline(time.Time{})
 		var b [1]byte
 		_, _ = o.conn.Read(b[:])
 		gone()
 	}()
+	return func() {
+		o.hangUp()
+		<-ended
+	}
 }
 
 // hangUp closes the connection, failing a write that waits on it.

@@ -148,7 +148,7 @@ func TestStreamModelExactAcrossReconnections(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	// Few recent events: some resumptions catch up from memory, others
 	// from the log.
-	streams := NewStreams(StreamDeps{Log: w.log, Model: w.read, Posts: w.posts, Registerer: reg}, StreamConfig{Ping: 20 * time.Millisecond, Recent: 16})
+	streams := NewStreams(StreamDeps{Log: w.log, Posts: w.posts, Registerer: reg}, StreamConfig{Ping: 20 * time.Millisecond, Recent: 16})
 	deps := w.deps
 	deps.Streams, deps.Registerer, deps.Gatherer = streams, reg, reg
 	addr := runStreams(t, NewServer(deps, Config{}), streams)
@@ -209,7 +209,7 @@ func TestStreamModelExactAcrossReconnections(t *testing.T) {
 		for post, author := range v.authors {
 			id, err := domain.ParsePostID(post)
 			require.NoError(t, err)
-			assert.Equal(t, m.author[id].String(), author, "post %s is hydrated with its author", post)
+			assert.Equal(t, m.author[id].String(), author, "post %s carries its author", post)
 		}
 		total += len(want)
 	}
@@ -255,7 +255,7 @@ func (m *model) streamStep() {
 
 // TestStreamThroughTwoReplicas runs two API servers on the same JetStream,
 // Redis and Postgres, each with its own streams: a stream on one announces
-// the follow and the post accepted by the other, hydrated, and the post is on
+// the follow and the post accepted by the other, and the post is on
 // the viewer's home feed read with X-Min-Position at the announced id.
 func TestStreamThroughTwoReplicas(t *testing.T) {
 	w := newFeedWorld(t, feeds.Config{})
@@ -264,7 +264,7 @@ func TestStreamThroughTwoReplicas(t *testing.T) {
 		ids, err := domain.NewIDGenerator(node)
 		require.NoError(t, err)
 		reg := prometheus.NewRegistry()
-		streams := NewStreams(StreamDeps{Log: log, Model: w.read, Posts: w.posts, Registerer: reg}, StreamConfig{})
+		streams := NewStreams(StreamDeps{Log: log, Posts: w.posts, Registerer: reg}, StreamConfig{})
 		deps := w.deps
 		deps.Log, deps.IDs, deps.Streams, deps.Registerer, deps.Gatherer = log, ids, streams, reg, reg
 		srv := NewServer(deps, Config{ConsistencyWait: 5 * time.Second})
@@ -328,9 +328,8 @@ func jsonField(t *testing.T, data, field string) string {
 // TestStreamAnnouncesALivePostWithoutWaitingForTheReadModel holds the read
 // model back: a live post is announced from its event at once, exactly as
 // GET /posts/{id} shows it at its position. Resumed after a like, a stream
-// catching up from the recent events in memory gets the same; one that
-// reads the log (beyond the recent events) gets the post hydrated as the
-// viewer sees it now.
+// gets the same event again, whether it catches up from the recent events in
+// memory or reads the log (beyond them).
 func TestStreamAnnouncesALivePostWithoutWaitingForTheReadModel(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -344,7 +343,7 @@ func testLivePost(t *testing.T, recent int) {
 	start := make(chan struct{})
 	w := newFeedWorldWith(t, feeds.Config{}, start)
 	reg := prometheus.NewRegistry()
-	streams := NewStreams(StreamDeps{Log: w.log, Model: w.read, Posts: w.posts, Registerer: reg}, StreamConfig{Recent: recent})
+	streams := NewStreams(StreamDeps{Log: w.log, Posts: w.posts, Registerer: reg}, StreamConfig{Recent: recent})
 	deps := w.deps
 	deps.Streams, deps.Registerer, deps.Gatherer = streams, reg, reg
 	addr := runStreams(t, NewServer(deps, Config{ConsistencyWait: 10 * time.Second}), streams)
@@ -390,14 +389,18 @@ func testLivePost(t *testing.T, recent int) {
 	assert.JSONEq(t, string(made), m.data, "the live announcement is the post as GET /posts/{id} shows it at its position")
 
 	liked := appendEvent(events.PostLiked{PostID: created.PostID, UserID: viewer})
-	now := get("/posts/"+created.PostID.String(), liked)
-	require.Contains(t, string(now), `"has_liked":true`)
+	require.Contains(t, string(get("/posts/"+created.PostID.String(), liked)), `"has_liked":true`)
 	resumed := openStream(t, addr, token, events.Position(followed), false)
 	m = resumed.nextEvent(t, 5*time.Second)
 	require.Equal(t, "post", m.event)
+	assert.Equal(t, events.Position(posted), m.id)
+	assert.JSONEq(t, string(made), m.data, "a resumed stream's post event is the live one: the post at its position")
+	// The resumed stream's catch-up, once it has joined.
+	from, want := "memory", 2.0
 	if recent == 1 {
-		assert.JSONEq(t, string(now), m.data, "a post replayed from the log is as the viewer sees it now")
-	} else {
-		assert.JSONEq(t, string(made), m.data, "a post caught up from memory is as it was made")
+		from, want = "log", 1
 	}
+	caughtUp := streams.metrics.caughtUp
+	assert.Eventually(t, func() bool { return testutil.ToFloat64(caughtUp.WithLabelValues(from)) == want }, 5*time.Second, 10*time.Millisecond,
+		"caught up from %s", from)
 }

@@ -548,7 +548,7 @@ func serve(ctx context.Context, cfg stack.Config, dev bool, logger *slog.Logger,
 	}
 	if api {
 		deps.Streams = feedhttp.NewStreams(feedhttp.StreamDeps{
-			Log: in.log, Model: readStore, Posts: deps.FeedPosts, Registerer: reg, Logger: logger,
+			Log: in.log, Posts: deps.FeedPosts, Registerer: reg, Logger: logger,
 			Activity: feedhttp.NewStreamActivity(activityStore, cfg.ConsistencyWait, logger),
 			Presence: presence.New(in.redis, presence.Config{}),
 		}, feedhttp.StreamConfig{Window: cfg.ResumeWindow})
