@@ -741,6 +741,12 @@ func (s *Streams) handle(c *fiber.Ctx) error {
 			return
 		}
 		defer s.streams.Done()
+		// The connection itself: the server's wrapper neither closes it
+		// (the server does, once the stream returns) nor reads it but
+		// through a buffer the server reuses then.
+		if raw, ok := conn.(interface{ UnsafeConn() net.Conn }); ok {
+			conn = raw.UnsafeConn()
+		}
 		out := &sseWriter{w: bufio.NewWriterSize(conn, sseBuffer), conn: conn, timeout: s.cfg.WriteTimeout}
 		_, _ = out.w.Write(fc.Response.Header.Header())
 		s.serve(user, from, reset, out)
@@ -962,8 +968,7 @@ const holdBytes = 16 << 10
 // watch calls gone when the client closes the connection (or sends
 // anything: a stream's connection carries no other request), so that a
 // stream whose client left ends at once, not at its next write. The
-// returned stop closes the connection and waits for the watch to end: the
-// server reuses the connection's read buffer once the stream returns.
+// returned stop closes the connection and waits for the watch to end.
 func (o *sseWriter) watch(gone func()) (stop func()) {
 	if o.conn == nil {
 		return func() {}
