@@ -386,7 +386,9 @@ func TestStreamPingsWhenIdleWithItsPosition(t *testing.T) {
 }
 
 func TestStreamSlowReaderIsDisconnectedWithoutDelayingOthers(t *testing.T) {
-	r := newStreamRig(t, StreamConfig{Buffer: 16, WriteTimeout: time.Second, Ping: time.Minute})
+	// A write would wait for a minute: the slow viewer's connection is
+	// closed as its queue overflows.
+	r := newStreamRig(t, StreamConfig{Buffer: 16, WriteTimeout: time.Minute, Ping: time.Minute})
 	author, slow, quick := domain.UserID(41), domain.UserID(42), domain.UserID(43)
 	r.append(t, time.Now(), events.UserFollowed{FollowerID: slow, FolloweeID: author})
 	r.append(t, time.Now(), events.UserFollowed{FollowerID: quick, FolloweeID: author})
