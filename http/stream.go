@@ -42,16 +42,24 @@ type StreamConfig struct {
 	// new streams and those resumed a moment after they dropped to catch up
 	// from memory; one further behind reads the log. Default 4096.
 	Recent int
-	// CatchUps is how many streams of this process read the log at once
-	// (their followees as they open, a resumption from beyond the recent
-	// events), each with a consumer of its own on the server, whose streams
-	// hold a bounded number; the others wait their turn. Default 32.
+	// CatchUps is how many resumed streams of this process read the log at
+	// once to catch up from beyond the recent events, each with a consumer
+	// of its own on the server, whose streams hold a bounded number (1 000
+	// by default); the others wait their turn. Default 32.
 	CatchUps int
+	// Openings is how many streams of this process read their followees
+	// from the log at once as they open, each with a consumer of its own
+	// for the moment it takes: a replica's clients all reconnect at once
+	// when another goes down. Default 256.
+	Openings int
 }
 
 func (c StreamConfig) withDefaults() StreamConfig {
 	if c.CatchUps <= 0 {
 		c.CatchUps = 32
+	}
+	if c.Openings <= 0 {
+		c.Openings = 256
 	}
 	if c.Recent <= 0 {
 		c.Recent = 1 << 12
@@ -146,6 +154,7 @@ type Streams struct {
 	authors postAuthors
 
 	catchUps chan struct{}  // a slot per resumed stream reading the log
+	openings chan struct{}  // a slot per stream reading its followees
 	streams  sync.WaitGroup // the streams being written
 	ready    chan struct{}  // closed once Run knows where it starts
 	done     chan struct{}  // closed by Close
@@ -185,6 +194,7 @@ func NewStreams(deps StreamDeps, cfg StreamConfig) *Streams {
 		open: map[domain.UserID]int{}, held: map[presence.Stream]struct{}{},
 	}
 	s.catchUps = make(chan struct{}, s.cfg.CatchUps)
+	s.openings = make(chan struct{}, s.cfg.Openings)
 	s.recent.ring = make([]recent, s.cfg.Recent)
 	return s
 }
@@ -612,20 +622,19 @@ func (s *Streams) start(ctx context.Context, resume *uint64) (from uint64, reset
 }
 
 // followsAt is user's followees just after the event at pos, from the log:
-// exact at any position, for the cost of reading user's follow events. The
-// read takes a catch-up slot: each is a consumer on the server, and a
-// replica's clients all reconnect at once when another goes down.
+// exact at any position, for the cost of reading user's follow events, on
+// one of the Openings.
 func (s *Streams) followsAt(ctx context.Context, user domain.UserID, pos uint64) (map[domain.UserID]struct{}, error) {
 	follows := map[domain.UserID]struct{}{}
 	if pos == 0 {
 		return follows, nil
 	}
 	select {
-	case s.catchUps <- struct{}{}:
+	case s.openings <- struct{}{}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	defer func() { <-s.catchUps }()
+	defer func() { <-s.openings }()
 	filter := fmt.Sprintf("%s.%d.%s.>", events.SubjectPrefix, user, events.KindFollow)
 	err := s.log.Read(ctx, events.ReadOptions{Filters: []string{filter}, StopAtEnd: true}, func(rec events.Record) error {
 		if rec.Seq > pos {

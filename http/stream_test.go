@@ -504,11 +504,11 @@ func TestSSEEventWritesEachLineOfItsData(t *testing.T) {
 
 // TestStreamsOpeningAtOnceHoldFewConsumers opens many streams at once, as a
 // replica's clients do when another goes down: each reads its user's
-// followees on a consumer of its own, and no more than CatchUps of those
+// followees on a consumer of its own, and no more than Openings of those
 // are on the server at a time, whose streams hold a bounded number.
 func TestStreamsOpeningAtOnceHoldFewConsumers(t *testing.T) {
-	const catchUps, opening = 2, 40
-	r := newStreamRig(t, StreamConfig{CatchUps: catchUps})
+	const openings, opening = 2, 40
+	r := newStreamRig(t, StreamConfig{Openings: openings})
 	streams := r.streams
 	for u := range opening {
 		r.append(t, time.Now(), events.UserFollowed{FollowerID: domain.UserID(u + 1), FolloweeID: 999})
@@ -558,7 +558,7 @@ func TestStreamsOpeningAtOnceHoldFewConsumers(t *testing.T) {
 		10*time.Second, 10*time.Millisecond, "every stream joined")
 	streams.Close()
 	<-done
-	assert.LessOrEqual(t, most, 1+catchUps, "consumers at once: the reader's and the catch-ups'")
+	assert.LessOrEqual(t, most, 1+openings, "consumers at once: the reader's and the openings'")
 	assert.Greater(t, most, 1, "the sampling saw the catch-ups")
 }
 
