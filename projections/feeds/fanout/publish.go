@@ -64,7 +64,7 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 			}
 			acks = append(acks, ack)
 			if len(acks) == publishWindow {
-				if err := awaitAcks(ctx, acks); err != nil {
+				if err := awaitAcks(ctx, acks, ackWait); err != nil {
 					return err
 				}
 				acks = acks[:0]
@@ -89,7 +89,7 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 			return err
 		}
 	}
-	return awaitAcks(ctx, acks)
+	return awaitAcks(ctx, acks, ackWait)
 }
 
 // publishWindow bounds the planner's messages awaiting their acks. The
@@ -100,8 +100,16 @@ func (p *Planner) publish(ctx context.Context, w *work, first, last uint64) erro
 // API's commands publish in.
 const publishWindow = 256
 
-// awaitAcks waits for the server's acks of published work.
-func awaitAcks(ctx context.Context, acks []jetstream.PubAckFuture) error {
+// ackWait bounds the wait for published work's acks. An ack the server
+// never sends (its node killed as it stored the message) held the planner
+// for ever, shutdown included: the batch fails instead, and is planned
+// again (work delivered twice changes nothing).
+const ackWait = 10 * time.Second
+
+// awaitAcks waits, at most wait, for the server's acks of published work.
+func awaitAcks(ctx context.Context, acks []jetstream.PubAckFuture, wait time.Duration) error {
+	timeout := time.NewTimer(wait)
+	defer timeout.Stop()
 	for _, a := range acks {
 		select {
 		case <-a.Ok():
@@ -109,6 +117,8 @@ func awaitAcks(ctx context.Context, acks []jetstream.PubAckFuture) error {
 			return fmt.Errorf("publish work: %w", err)
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-timeout.C:
+			return fmt.Errorf("publish work: no ack within %s: %w", wait, domain.ErrUnavailable)
 		}
 	}
 	return nil
