@@ -138,12 +138,7 @@ func (s *Streams) catchUp(ctx context.Context, v *viewer) (bool, error) {
 // catchUpWith queues v's events of e, for which its queue has room, as the
 // dispatcher would have. The caller holds mu.
 func (s *Streams) catchUpWith(v *viewer, e *recent) {
-	var items []ActivityItem
-	if e.maybe && (!e.known || e.owner == v.user) {
-		// Found as it is written, as the dispatcher's are.
-		items = []ActivityItem{{User: v.user}}
-	}
-	for _, ev := range v.events(e.rec, items) {
+	for _, ev := range v.events(e.rec, v.pendingItem(e.owner, e.known, e.maybe)) {
 		if ev.kind == kindPost {
 			if e.body == nil {
 				e.body = appendPost(nil, readmodel.CreatedPost(ev.created))
@@ -154,6 +149,17 @@ func (s *Streams) catchUpWith(v *viewer, e *recent) {
 		v.queue <- ev
 	}
 	v.pos = e.rec.Seq
+}
+
+// pendingItem is the activity item an event whose item's owner is owner
+// (if known; maybe: an item at all) may make for v: one its writer finds as
+// it writes it, as the dispatcher's, so that neither catching up nor the
+// dispatch waits for the activity projection.
+func (v *viewer) pendingItem(owner domain.UserID, known, maybe bool) []ActivityItem {
+	if maybe && (!known || owner == v.user) {
+		return []ActivityItem{{User: v.user}}
+	}
+	return nil
 }
 
 // replay reads the log after v's position, queuing v's events, until the
@@ -167,16 +173,8 @@ func (s *Streams) replay(ctx context.Context, v *viewer, enqueue func(streamEven
 	defer func() { <-s.catchUps }()
 	err := s.log.Read(ctx, events.ReadOptions{FromSeq: v.pos + 1, IncludeUnknown: true}, func(rec events.Record) error {
 		var items []ActivityItem
-		// Only the events whose item may be the viewer's: a wait for the
-		// activity projection and a query for every like kept a replay
-		// from ever reaching the reader.
 		if s.activity != nil {
-			if owner, known, maybe := s.activityOwner(ctx, rec); maybe && (!known || owner == v.user) {
-				var err error
-				if items, err = s.activity.ActivityItems(ctx, rec, func(u domain.UserID) bool { return u == v.user }); err != nil {
-					return err
-				}
-			}
+			items = v.pendingItem(s.activityOwner(ctx, rec))
 		}
 		for _, ev := range v.events(rec, items) {
 			if err := enqueue(ev); err != nil {
